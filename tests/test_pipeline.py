@@ -1,0 +1,25 @@
+"`codellm pipeline` runs every stage notebook through papermill and writes a report with real numbers."
+import json, re
+from conftest import codellm
+
+def test_pipeline_end_to_end(tmp_path):
+    run = tmp_path / "run"
+    r = codellm("pipeline", "--run-dir", run, "--set", "max_files=80", "vocab_size=1024", "steps=20", "warmup=2",
+                "eval_every=10", "ft_steps=10", "eval_problems=8", "max_new_tokens=32", timeout=1500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for nb in ("01_data", "02_pretrain", "03_finetune", "04_quantize", "05_serve", "06_eval"):
+        assert (run / "notebooks" / f"{nb}.ipynb").exists()
+    for stage in ("data", "pretrain", "finetune", "quantize", "serve", "eval"):
+        assert (run / stage / "manifest.json").exists(), stage
+    report = (run / "report.md").read_text()
+    for section in ("## Data", "## Pretraining", "## Fine-tuning", "## Quantization", "## Serving", "## Evaluation"):
+        assert section in report
+    val = float(re.search(r"\| val loss \| ([\d.]+) \|", report).group(1))
+    assert 0 < val < 10
+    ev = json.loads((run / "eval" / "results.json").read_text())
+    assert ev["problems"] == 8 and ev["official_agreement"] == 1.0 and "pass@1" in ev
+
+def test_pipeline_failure_names_the_notebook(tmp_path):
+    r = codellm("pipeline", "--run-dir", tmp_path, "--set", "max_file_bytes=10", timeout=600)
+    assert r.returncode != 0
+    assert "01_data" in r.stdout + r.stderr
