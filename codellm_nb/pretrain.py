@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_pretrain.ipynb #f981a93f
 from __future__ import annotations
-import argparse, json, math, os, shutil, subprocess, sys, time
+import argparse, json, math, os, re, shutil, subprocess, sys, time
 from functools import partial
 from pathlib import Path
 import numpy as np, torch
@@ -136,6 +136,9 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     n_blocks = len(train_tok) // cfg.seq_len
     if n_blocks < cfg.batch_seqs:
         raise ValueError(f"Only {n_blocks} training sequences of {cfg.seq_len} tokens: use more data (max_files) or a smaller batch")
+    if len(val_tok) // cfg.seq_len < world:
+        raise ValueError(f"The validation split has {len(val_tok)} tokens, fewer than one sequence of {cfg.seq_len} per rank: "
+                         "raise val_frac or max_files in the data stage, or lower seq_len")
     seed_everything(cfg.seed)
     mcfg, dsc = model_config(cfg, tok), ds_config(cfg, precision)
     hf_ds = HfDeepSpeedConfig(dsc) if cfg.zero_stage == 3 else None  # noqa: F841 (must stay alive while building)
@@ -228,7 +231,10 @@ def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=F
         for line in p.stdout:
             lines.append(line)
             if " INFO " in line or "Error" in line: echo(line.rstrip())
-    if p.returncode: raise RuntimeError(f"Pretraining failed (exit {p.returncode}); last output:\n" + "".join(lines[-30:]))
+    if p.returncode:
+        cause = [l.strip() for l in lines if re.search(r"^(\[rank\d+\]: )?\w+(Error|Exception): ", l)]
+        raise RuntimeError(f"Pretraining failed (exit {p.returncode}): {cause[-1] if cause else 'see the output below'}\n"
+                           + "".join(lines[-30:]))
     return read_manifest(run_dir, "pretrain")["metrics"]
 
 if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook

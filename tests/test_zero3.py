@@ -43,3 +43,8 @@ def test_indivisible_batch_is_explained(data_run, tmp_path):
     (tmp_path / "data").symlink_to(data_run / "data")
     r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", "batch_seqs=12", "micro_batch=4")
     assert r.returncode == 2 and "not divisible" in r.stderr
+
+def test_too_little_validation_data_fails_before_training(data_run, tmp_path):
+    (tmp_path / "data").symlink_to(data_run / "data")
+    r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", "seq_len=20000", "context=20000")
+    assert r.returncode == 2 and "validation split has" in r.stderr and "raise val_frac" in r.stderr
