@@ -113,7 +113,12 @@ def write_report(run_dir) -> Path:
     if (s := stage("serve")):
         out += ["## Serving\n", _table(s["metrics"])]
     if (e := stage("eval")):
-        out += ["## Evaluation (HumanEval)\n", _table(e["metrics"])]
+        comp = e.get("compared") or {"model": e["metrics"]}
+        keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "val_bits_per_byte", "bleu4",
+                            "rougeL", "ttft_ms_p50", "token_ms_p50", "token_ms_p99", "server_peak_mb") if k in next(iter(comp.values()))]
+        out += [f"## Evaluation (HumanEval, {e['metrics']['problems']} problems)\n",
+                "| metric | " + " | ".join(comp) + " |\n|---|" + "---|" * len(comp) + "\n" +
+                "\n".join(f"| {k} | " + " | ".join(str(c.get(k, "")) for c in comp.values()) + " |" for k in keys) + "\n"]
     if (run_dir / "timings.json").exists():
         t = json.loads((run_dir / "timings.json").read_text())
         out += ["## Wall time per stage (s)\n", _table({**t, "total": round(sum(t.values()), 1)})]
@@ -136,7 +141,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)
             p.add_argument("--api-key", default=None, help="require this bearer token")
-        if name == "eval": p.add_argument("--base-url", default=None, help="evaluate this OpenAI-compatible endpoint")
+        if name == "eval":
+            p.add_argument("--base-url", default=None, help="evaluate this OpenAI-compatible endpoint")
+            p.add_argument("--samples", default=None, help="only score this HumanEval samples JSONL file")
         if name == "pipeline": p.add_argument("--stages", nargs="*", default=None, help=f"subset of: {' '.join(STAGES)}")
     return ap
 
@@ -152,6 +159,9 @@ def main(argv=None):
             report = run_pipeline(run_dir, args.preset, overrides, args.stages)
             print(report.read_text()); print(f"pipeline finished in {time.perf_counter() - t0:.0f} s: {report}")
         elif args.command == "report": print(write_report(run_dir).read_text())
+        elif args.command == "eval" and args.samples:
+            from codellm_nb.evaluate import score_file
+            print(json.dumps(score_file(args.samples), indent=2))
         else:
             kw = {k: getattr(args, k) for k in ("resume", "model", "host", "port", "api_key", "base_url") if hasattr(args, k)}
             res = run_stage(args.command, run_dir, args.preset, overrides, **kw)

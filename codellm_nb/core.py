@@ -11,8 +11,8 @@ import numpy as np, torch
 
 # %% auto #0
 __all__ = ['PRESETS', 'STAGES', 'TORCH_DTYPES', 'Preset', 'get_preset', 'parse_overrides', 'stage_dir', 'versions',
-           'write_manifest', 'read_manifest', 'require_stage', 'cpu_has_bf16', 'detect_device', 'resolve_precision',
-           'seed_everything', 'set_threads', 'get_logger', 'Timer']
+           'write_manifest', 'read_manifest', 'require_stage', 'read_jsonl', 'cpu_has_bf16', 'detect_device',
+           'resolve_precision', 'seed_everything', 'set_threads', 'get_logger', 'Timer']
 
 # %% ../nbs/00_core.ipynb #3e5adc89
 @dataclass
@@ -179,6 +179,20 @@ def require_stage(run_dir, stage:str) -> Path:
         raise FileNotFoundError(f"Stage {stage!r} has not finished in {run_dir} (no {stage}/manifest.json): "
                                 f"run `codellm {stage} --run-dir {run_dir}` first")
     return path
+
+# %% ../nbs/00_core.ipynb #f94a66d2
+def read_jsonl(path, valid=lambda r: True, need:str="a JSON object", missing_hint:str="") -> tuple[list, list[str]]:
+    "Records of JSONL `path` for which `valid(record)` holds, and a description of each line that was skipped."
+    path = Path(path)
+    if not path.exists(): raise FileNotFoundError(f"No file at {path}{': ' + missing_hint if missing_hint else ''}")
+    recs, bad = [], []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip(): continue
+        try: r = json.loads(line)
+        except json.JSONDecodeError as e: bad.append(f"line {i}: not JSON ({e.msg})"); continue
+        if not isinstance(r, dict) or not valid(r): bad.append(f"line {i}: needs {need}"); continue
+        recs.append(r)
+    return recs, bad
 
 # %% ../nbs/00_core.ipynb #8d6594b1
 def cpu_has_bf16() -> bool:

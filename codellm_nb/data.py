@@ -13,7 +13,7 @@ from .core import Preset, Timer, get_logger, get_preset, read_manifest, stage_di
 # %% auto #0
 __all__ = ['STDLIB_SKIP', 'LANGS', 'SPECIAL_TOKENS', 'SFT_INSTRUCTION', 'read_source', 'stdlib_files', 'normalize',
            'content_hash', 'collect_documents', 'train_tokenizer', 'is_val', 'token_dtype', 'pack_shards',
-           'load_tokens', 'sft_records', 'sft_prompt', 'build_data']
+           'load_tokens', 'heldout_metrics', 'sft_records', 'sft_prompt', 'build_data']
 
 # %% ../nbs/01_data.ipynb #efe382ff
 def read_source(path, max_bytes:int=100_000):
@@ -122,6 +122,18 @@ def load_tokens(data_dir, split:str="train") -> np.ndarray:
     index = json.loads((shards / "index.json").read_text())
     if split not in index: raise ValueError(f"Unknown split {split!r}; the shards have: train, val")
     return np.memmap(shards / index[split]["file"], dtype=index["dtype"], mode="r")[:index[split]["tokens"]]
+
+# %% ../nbs/01_data.ipynb #8283ba38
+def heldout_metrics(model, tokens:np.ndarray, tok, seq_len:int, max_blocks:int=64, bs:int=8) -> dict:
+    "Loss (nats/token), perplexity and bits per byte of `model` on up to `max_blocks` blocks of held-out `tokens`."
+    import math, torch
+    n = min(len(tokens) // seq_len, max_blocks)
+    if n == 0: raise ValueError(f"Need at least {seq_len} held-out tokens, got {len(tokens)}: raise val_frac or max_files")
+    x = torch.from_numpy(tokens[:n * seq_len].astype(np.int64)).view(n, seq_len)
+    with torch.no_grad(): nats = sum(model(input_ids=b, labels=b).loss.item() * len(b) * (seq_len - 1) for b in x.split(bs))
+    n_bytes = sum(len(tok.decode(b.tolist()).encode()) for b in x)
+    loss = nats / (n * (seq_len - 1))
+    return dict(loss=round(loss, 5), ppl=round(math.exp(loss), 4), bits_per_byte=round(nats / math.log(2) / n_bytes, 5))
 
 # %% ../nbs/01_data.ipynb #a60071fb
 SFT_INSTRUCTION = "Complete the body of this Python function."

@@ -8,7 +8,7 @@ import hashlib, json, math, time
 from pathlib import Path
 import numpy as np, torch
 from tqdm.auto import tqdm
-from .core import Preset, Timer, get_logger, get_preset, read_manifest, seed_everything, stage_dir, write_manifest
+from .core import Preset, Timer, get_logger, get_preset, read_jsonl, read_manifest, seed_everything, stage_dir, write_manifest
 from .data import sft_prompt
 
 # %% auto #0
@@ -17,18 +17,10 @@ __all__ = ['LORA_TARGETS', 'load_sft', 'encode_sft', 'collate', 'sft_loss', 'fin
 # %% ../nbs/03_finetune.ipynb #945b4128
 def load_sft(path) -> tuple[list[dict], list[str]]:
     "Records of an SFT JSONL file, and a description of each line that was skipped."
-    path = Path(path)
-    if not path.exists(): raise FileNotFoundError(f"No SFT file at {path}: run `codellm data` for this run first")
-    recs, bad = [], []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip(): continue
-        try: r = json.loads(line)
-        except json.JSONDecodeError as e: bad.append(f"line {i}: not JSON ({e.msg})"); continue
-        if not isinstance(r, dict) or not isinstance(r.get("output"), str) or not (r.get("instruction") or r.get("input")):
-            bad.append(f"line {i}: needs string fields instruction/input and output"); continue
-        recs.append(dict(instruction=r.get("instruction", ""), input=r.get("input", ""), output=r["output"]))
+    ok = lambda r: isinstance(r.get("output"), str) and bool(r.get("instruction") or r.get("input"))
+    recs, bad = read_jsonl(path, ok, need="string fields instruction/input and output", missing_hint="run `codellm data` for this run first")
     if not recs: raise ValueError(f"{path} holds no valid SFT records ({len(bad)} bad lines, first: {bad[:1]})")
-    return recs, bad
+    return [dict(instruction=r.get("instruction", ""), input=r.get("input", ""), output=r["output"]) for r in recs], bad
 
 # %% ../nbs/03_finetune.ipynb #1d24c336
 def encode_sft(rec:dict, tok, max_len:int) -> dict|None:

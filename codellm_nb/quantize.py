@@ -8,26 +8,17 @@ import json, logging, math, shutil, time
 from pathlib import Path
 import numpy as np, torch
 from .core import Preset, Timer, get_logger, get_preset, read_manifest, seed_everything, stage_dir, write_manifest
-from .data import load_tokens
+from .data import heldout_metrics, load_tokens
 
 logging.getLogger("torchao").setLevel(logging.ERROR)  # it reports optional GPU kernels it cannot load on a CPU
 
 # %% auto #0
-__all__ = ['folder_mb', 'perplexity', 'decode_speed', 'quantize_int8', 'quantize']
+__all__ = ['folder_mb', 'decode_speed', 'quantize_int8', 'quantize']
 
 # %% ../nbs/04_quantize.ipynb #59915007
 def folder_mb(path) -> float:
     "Size of the weight files in a model folder, in MB."
     return round(sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 1e6, 3)
-
-@torch.no_grad()
-def perplexity(model, tokens:np.ndarray, seq_len:int, max_blocks:int=64, bs:int=8) -> float:
-    "Perplexity of `model` on up to `max_blocks` consecutive blocks of `seq_len` tokens."
-    n = min(len(tokens) // seq_len, max_blocks)
-    if n == 0: raise ValueError(f"Need at least {seq_len} held-out tokens to measure perplexity, got {len(tokens)}")
-    x = torch.from_numpy(tokens[:n * seq_len].astype(np.int64)).view(n, seq_len)
-    losses = [model(input_ids=b, labels=b).loss.item() * len(b) for b in x.split(bs)]
-    return math.exp(sum(losses) / n)
 
 @torch.no_grad()
 def decode_speed(model, prompt_ids, new_tokens:int=64, repeats:int=3) -> float:
@@ -66,7 +57,7 @@ def quantize(run_dir, cfg:Preset, src=None) -> dict:
     rows = []
     for name, path in (("fp32", src), ("int8", out / "int8")):
         m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        rows.append(dict(model=name, size_mb=folder_mb(path), val_ppl=round(perplexity(m, val, cfg.seq_len), 3),
+        rows.append(dict(model=name, size_mb=folder_mb(path), val_ppl=heldout_metrics(m, val, tok, cfg.seq_len)["ppl"],
                          decode_tokens_per_s=decode_speed(m, prompt)))
     base = rows[0]
     for r in rows: r.update(size_ratio=round(r["size_mb"] / base["size_mb"], 3), ppl_ratio=round(r["val_ppl"] / base["val_ppl"], 4),

