@@ -83,7 +83,7 @@ def _kill_user(uid:int, patience:float=5.0):
 _uids = queue.Queue()
 for _i in range(64): _uids.put(SANDBOX_UID_BASE + _i)
 
-def run_program(program:str, timeout:float=5.0, mem_mb:int=1024, fsize_mb:int=16, nproc:int=16,
+def run_program(program:str, timeout:float=5.0, mem_mb:int=1024, fsize_mb:int=16, nproc:int=1,
                 max_output:int=4000) -> dict:
     "Run `program` in a sandboxed Python process: `{passed, result, stdout, stderr}`."
     caps, token = capabilities(), secrets.token_hex(16)
