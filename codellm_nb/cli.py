@@ -22,7 +22,8 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
         return build_data(run_dir, cfg)
     if stage == "pretrain":
         from codellm_nb.pretrain import launch_pretrain
-        return launch_pretrain(run_dir, cfg, overrides, resume=kw.get("resume", False))
+        return launch_pretrain(run_dir, cfg, overrides, resume=kw.get("resume", False), node_rank=kw.get("node_rank") or 0,
+                               master_addr=kw.get("master_addr") or "127.0.0.1", master_port=kw.get("master_port") or 29517)
     if stage == "finetune":
         from codellm_nb.finetune import finetune
         return finetune(run_dir, cfg)
@@ -135,8 +136,12 @@ def parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=f"run the {name} stage" if name in STAGES else name)
         p.add_argument("--preset", default="tiny", help="tiny | small | 135m")
         p.add_argument("--run-dir", default=None, help="run directory (default runs/<preset>)")
-        p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override preset fields")
-        if name == "pretrain": p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        p.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="override preset fields (repeatable)")
+        if name == "pretrain":
+            p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+            p.add_argument("--node-rank", type=int, default=0, help="this node's index (with --set nodes=N)")
+            p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (multi-node)")
+            p.add_argument("--master-port", type=int, default=29517, help="rendezvous port on node 0 (multi-node)")
         if name in ("serve", "eval"): p.add_argument("--model", default=None, help="model folder (default: the run's fine-tuned model)")
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)
@@ -163,7 +168,8 @@ def main(argv=None):
             from codellm_nb.evaluate import score_file
             print(json.dumps(score_file(args.samples), indent=2))
         else:
-            kw = {k: getattr(args, k) for k in ("resume", "model", "host", "port", "api_key", "base_url") if hasattr(args, k)}
+            kw = {k: getattr(args, k) for k in ("resume", "model", "host", "port", "api_key", "base_url", "node_rank",
+                                                "master_addr", "master_port") if hasattr(args, k)}
             res = run_stage(args.command, run_dir, args.preset, overrides, **kw)
             if res is not None: print(json.dumps(res, indent=2, default=str))
     except (ValueError, FileNotFoundError, RuntimeError, ConnectionError) as e:

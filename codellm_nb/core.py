@@ -35,6 +35,7 @@ class Preset:
     # pretraining
     seq_len: int = 256          # tokens per training sequence
     batch_seqs: int = 16        # global batch, in sequences
+    batch_tokens: int = 0       # global batch in tokens instead (sets batch_seqs = batch_tokens / seq_len)
     micro_batch: int = 4        # sequences per rank per forward pass
     nodes: int = 1
     ranks: int = 2              # processes per node
@@ -46,8 +47,15 @@ class Preset:
     grad_clip: float = 1.0
     zero_stage: int = 3
     precision: str = "auto"     # auto | fp32 | bf16 | fp16
+    dropout: float = 0.0        # attention dropout
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more compute
+    offload_optimizer: bool = False  # ZeRO-Offload: optimizer states in CPU memory
+    offload_params: bool = False     # ZeRO-Infinity style: parameters in CPU memory (stage 3)
+    threads_per_rank: int = 0   # CPU threads per rank (0 = cores / ranks)
     eval_every: int = 100
-    ckpt_every: int = 0         # 0 = only at the end
+    ckpt_every: int = 100       # checkpoint every N steps (0 = only at the end)
+    ckpt_minutes: float = 0     # ... and/or every N minutes of wall time
+    keep_ckpts: int = 2         # complete checkpoints kept (older ones are deleted)
     # fine-tuning (LoRA SFT)
     ft_steps: int = 100
     ft_batch: int = 8
@@ -75,6 +83,14 @@ class Preset:
         if self.zero_stage not in (0, 1, 2, 3): raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
         if not 0 < self.val_frac < 1: raise ValueError(f"val_frac must be in (0, 1), got {self.val_frac}")
         if self.warmup >= self.steps: raise ValueError(f"warmup ({self.warmup}) must be shorter than steps ({self.steps})")
+        if self.batch_tokens:
+            if self.batch_tokens % self.seq_len:
+                raise ValueError(f"batch_tokens ({self.batch_tokens}) must be a multiple of seq_len ({self.seq_len})")
+            self.batch_seqs = self.batch_tokens // self.seq_len
+        if self.offload_params and self.zero_stage != 3: raise ValueError("offload_params needs zero_stage=3")
+        if self.offload_optimizer and self.zero_stage == 0: raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
+        if not 0 <= self.dropout < 1: raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.keep_ckpts < 1: raise ValueError("keep_ckpts must be at least 1 (the checkpoint a resume needs)")
         self.grad_accum  # validates the batch arithmetic
 
     @property
@@ -103,6 +119,11 @@ PRESETS = {
                    nodes=4, ranks=8, steps=60_000, lr=6e-4, warmup=2000, eval_every=1000, ckpt_every=1000,
                    precision="bf16", ft_steps=3000, ft_batch=32, ft_lr=2e-4, ft_max_len=2048, lora_r=64,
                    lora_alpha=128, max_new_tokens=512),
+    "smollm-135m": Preset(name="smollm-135m", max_files=0, max_file_bytes=1_000_000, vocab_size=49152, n_layers=30,
+                          hidden=576, n_heads=9, n_kv_heads=3, ffn=1536, context=2048, tie_embeddings=True, seq_len=2048,
+                          batch_seqs=512, micro_batch=8, nodes=4, ranks=8, steps=60_000, lr=3e-3, warmup=2000,
+                          eval_every=1000, ckpt_every=1000, precision="bf16", activation_checkpointing=True,
+                          ft_steps=3000, ft_batch=32, ft_lr=2e-4, ft_max_len=2048, lora_r=64, lora_alpha=128, max_new_tokens=512),
 }
 
 def _coerce(value, like):

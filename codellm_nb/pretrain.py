@@ -4,17 +4,18 @@
 
 # %% ../nbs/02_pretrain.ipynb #f981a93f
 from __future__ import annotations
-import argparse, json, math, os, re, shutil, subprocess, sys, time
+import argparse, dataclasses, json, math, os, random, re, shutil, subprocess, sys, tempfile, time
 from functools import partial
 from pathlib import Path
 import numpy as np, torch
-from .core import (Preset, Timer, detect_device, get_logger, get_preset, parse_overrides, read_manifest,
-                             resolve_precision, seed_everything, set_threads, stage_dir, write_manifest)
+from .core import (TORCH_DTYPES, Preset, Timer, detect_device, get_logger, get_preset, parse_overrides,
+                             read_manifest, resolve_precision, seed_everything, set_threads, stage_dir, write_manifest)
 from .data import load_tokens
 
 # %% auto #0
-__all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'batch_blocks', 'param_groups', 'evaluate', 'train', 'main',
-           'launch_pretrain']
+__all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'batch_blocks', 'rng_state', 'set_rng_state',
+           'checkpoint_problem', 'find_checkpoint', 'save_checkpoint', 'flops_per_token', 'matmul_peak', 'param_groups',
+           'memory_mb', 'evaluate', 'train', 'main', 'launch_pretrain']
 
 # %% ../nbs/02_pretrain.ipynb #828334d0
 def model_config(cfg:Preset, tok=None, vocab_size:int|None=None):
@@ -24,7 +25,7 @@ def model_config(cfg:Preset, tok=None, vocab_size:int|None=None):
     return LlamaConfig(vocab_size=vocab_size or (len(tok) if tok else cfg.vocab_size), hidden_size=cfg.hidden,
                        intermediate_size=cfg.ffn, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
                        num_key_value_heads=cfg.n_kv_heads, max_position_embeddings=cfg.context,
-                       tie_word_embeddings=cfg.tie_embeddings, **ids)
+                       tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.dropout, **ids)
 
 def count_params(cfg:Preset) -> int:
     "Parameters of preset `cfg`'s model, counted on the meta device (no memory used)."
@@ -51,7 +52,10 @@ def ds_config(cfg:Preset, precision:str="fp32") -> dict:
         "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "betas": [0.9, 0.95], "eps": 1e-8,
                                                   "weight_decay": cfg.weight_decay, "torch_adam": True}},
         "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0,
-                              "stage3_gather_16bit_weights_on_model_save": True},
+                              "stage3_gather_16bit_weights_on_model_save": True,
+                              **({"offload_optimizer": {"device": "cpu", "pin_memory": True}} if cfg.offload_optimizer else {}),
+                              **({"offload_param": {"device": "cpu", "pin_memory": True}} if cfg.offload_params else {})},
+        "zero_force_ds_cpu_optimizer": False,  # offloaded states may use torch's AdamW (no compiled CPU Adam needed)
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
         "steps_per_print": 10**9,
@@ -70,6 +74,76 @@ def batch_blocks(step:int, micro:int, rank:int, cfg:Preset, n_blocks:int, world:
         out[sel] = perm[g[sel] % n_blocks]
     return out
 
+# %% ../nbs/02_pretrain.ipynb #ae0d3458
+def rng_state() -> dict:
+    "This process's random-number-generator states (Python, NumPy, torch CPU and GPU)."
+    s = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    if torch.cuda.is_available(): s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+def set_rng_state(s:dict):
+    "Restore states saved by `rng_state`."
+    random.setstate(s["python"]); np.random.set_state(s["numpy"]); torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s["cuda"])
+
+def checkpoint_problem(tag_dir) -> str|None:
+    "Why the checkpoint folder `tag_dir` cannot be resumed from, or None if it is complete."
+    marker = Path(tag_dir) / "complete.json"
+    if not marker.exists(): return "no complete.json (the save was interrupted)"
+    try: files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError): return "complete.json is unreadable"
+    for name, size in files.items():
+        f = Path(tag_dir) / name
+        if not f.exists(): return f"{name} is missing"
+        if f.stat().st_size != size: return f"{name} has {f.stat().st_size} bytes, expected {size} (truncated or replaced)"
+    return None
+
+def _step_of(tag_dir:Path) -> int:
+    return int(tag_dir.name[4:]) if tag_dir.name.startswith("step") and tag_dir.name[4:].isdigit() else -1
+
+def find_checkpoint(ckpt_dir, log=None) -> Path|None:
+    "The newest valid checkpoint folder in `ckpt_dir`, skipping (and reporting) broken ones."
+    tags = sorted((d for d in Path(ckpt_dir).glob("step*") if d.is_dir() and _step_of(d) >= 0), key=_step_of, reverse=True)
+    for d in tags:
+        why = checkpoint_problem(d)
+        if why is None: return d
+        if log: log.warning(f"skipping checkpoint {d.name}: {why}")
+    return None
+
+def save_checkpoint(engine, ckpt_dir:Path, step:int, rank:int, keep:int) -> Path:
+    "Save a resumable checkpoint of all ranks at `step`, mark it complete, keep the newest `keep`."
+    import deepspeed.comm as dist
+    tag = ckpt_dir / f"step{step}"
+    engine.save_checkpoint(str(ckpt_dir), tag=tag.name, client_state={"step": step})
+    torch.save(rng_state(), tag / f"rng_rank{rank}.pt")
+    dist.barrier()  # every rank has written its files
+    if rank == 0:
+        files = {str(f.relative_to(tag)): f.stat().st_size for f in sorted(tag.rglob("*")) if f.is_file()}
+        tmp = tag / "complete.json.tmp"
+        tmp.write_text(json.dumps({"step": step, "files": files})); tmp.replace(tag / "complete.json")
+        done = sorted((d for d in ckpt_dir.glob("step*") if (d / "complete.json").exists()), key=_step_of)
+        for d in done[:-keep]: shutil.rmtree(d, ignore_errors=True)
+    dist.barrier()
+    return tag
+
+# %% ../nbs/02_pretrain.ipynb #c96a0fb1
+def flops_per_token(cfg:Preset, vocab_size:int|None=None) -> float:
+    "Training FLOPs per token: 6 x matmul parameters (all but the input embedding) + attention."
+    n = count_params(cfg if vocab_size is None else dataclasses.replace(cfg, vocab_size=vocab_size))
+    emb = (vocab_size or cfg.vocab_size) * cfg.hidden
+    n_matmul = n - emb if not cfg.tie_embeddings else n  # tied: the one matrix is used as the output layer too
+    return 6 * n_matmul + 12 * cfg.n_layers * cfg.hidden * cfg.seq_len
+
+def matmul_peak(dtype=torch.float32, device="cpu", n:int=1024, seconds:float=0.5) -> float:
+    "Measured FLOP/s of an n x n matmul on this process's threads (or GPU)."
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    a @ b; sync()
+    t0, k = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds: a @ b; k += 1
+    sync()
+    return 2 * n**3 * k / (time.perf_counter() - t0)
+
 # %% ../nbs/02_pretrain.ipynb #fe251087
 def param_groups(model, weight_decay:float):
     "AdamW groups: decay matrices, not norm weights or biases."
@@ -77,6 +151,12 @@ def param_groups(model, weight_decay:float):
     for n, p in model.named_parameters():
         (no_decay if "norm" in n or n.endswith("bias") else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+def memory_mb() -> float:
+    "Peak GPU memory allocated by this process, or its resident CPU memory, in MB."
+    if torch.cuda.is_available(): return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    import psutil
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
 
 @torch.no_grad()
 def evaluate(engine, tokens:np.ndarray, cfg:Preset, rank:int, world:int, max_blocks:int=256) -> float:
@@ -143,16 +223,28 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     mcfg, dsc = model_config(cfg, tok), ds_config(cfg, precision)
     hf_ds = HfDeepSpeedConfig(dsc) if cfg.zero_stage == 3 else None  # noqa: F841 (must stay alive while building)
     model = LlamaForCausalLM._from_config(mcfg)
+    if cfg.activation_checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay), config=dsc,
                                       lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                                           opt, lambda s: lr_at(s, cfg) / cfg.lr))
     ckpt_dir, start = out / "checkpoints", 0
-    if resume and (ckpt_dir / "latest").exists():
-        _, client = engine.load_checkpoint(str(ckpt_dir))
-        start = client["step"]
-        if rank == 0: log.info(f"resumed from step {start}")
-    metrics = open(out / "metrics.jsonl", "a" if start else "w") if rank == 0 else None
-    tokens_per_step, t_start = cfg.batch_seqs * cfg.seq_len, time.perf_counter()
+    if resume:
+        tag = find_checkpoint(ckpt_dir, log if rank == 0 else None)
+        if tag is None:
+            if rank == 0: log.info("no valid checkpoint to resume from: starting from step 0")
+        else:
+            _, client = engine.load_checkpoint(str(ckpt_dir), tag=tag.name)
+            start = client["step"]
+            set_rng_state(torch.load(tag / f"rng_rank{rank}.pt", weights_only=False))  # our own file
+            if rank == 0: log.info(f"resumed from {tag.name}")
+    if rank == 0:  # keep the metrics of the steps being resumed from, drop those a crash left after them
+        old = [l for l in open(out / "metrics.jsonl")] if start and (out / "metrics.jsonl").exists() else []
+        metrics = open(out / "metrics.jsonl", "w")
+        metrics.writelines(l for l in old if json.loads(l)["step"] <= start); metrics.flush()
+    peak = torch.tensor([matmul_peak(TORCH_DTYPES[precision], engine.device)], device=engine.device)
+    if world > 1: dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
+    fpt, tokens_per_step = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len
+    t_start = last_save = time.perf_counter()
     for step in range(start, cfg.steps):
         t0, loss_sum = time.perf_counter(), 0.0
         for micro in range(cfg.grad_accum):
@@ -170,20 +262,22 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
             raise FloatingPointError(f"Loss became {mean.item()} at step {step}: lower lr (now {cfg.lr}) or use fp32/bf16")
         gn = engine.get_global_grad_norm()
         rec = dict(step=step + 1, loss=round(mean.item(), 5), lr=float(f"{lr_at(step, cfg):.4g}"),
-                   grad_norm=None if gn is None else round(float(gn), 4), tokens_per_s=round(tokens_per_step / dt, 1))
+                   grad_norm=None if gn is None else round(float(gn), 4), tokens_per_s=round(tokens_per_step / dt, 1),
+                   mfu=round(fpt * tokens_per_step / dt / peak.item(), 4), mem_mb=memory_mb())
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
             rec["val_loss"] = round(evaluate(engine, val_tok, cfg, rank, world), 5)
-        if not last and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0:
-            engine.save_checkpoint(str(ckpt_dir), tag=f"step{step + 1}", client_state={"step": step + 1})
+        due = torch.tensor([int(bool(cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or
+                                bool(cfg.ckpt_minutes and time.perf_counter() - last_save >= 60 * cfg.ckpt_minutes))])
+        if cfg.ckpt_minutes and world > 1: dist.broadcast(due, 0)  # clocks differ: rank 0 decides for all
+        if due.item() and not last:
+            save_checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_ckpts); last_save = time.perf_counter()
         if rank == 0:
             metrics.write(json.dumps(rec) + "\n"); metrics.flush()
             if step == start or last or (step + 1) % max(1, cfg.steps // 10) == 0:
                 log.info(" ".join(f"{k}={v}" for k, v in rec.items()))
     wall = time.perf_counter() - t_start
-    tag = f"step{cfg.steps}"
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": cfg.steps})
-    dist.barrier()
+    tag = save_checkpoint(engine, ckpt_dir, cfg.steps, rank, cfg.keep_ckpts).name
     result = None
     if rank == 0:
         metrics.close()
@@ -196,7 +290,9 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
                       train_loss=recs[-1]["loss"], val_loss=val, val_ppl=round(math.exp(val), 3),
                       val_bits_per_byte=round(val / math.log(2) / bpt, 4),
                       tokens_per_s=round(float(np.median([r["tokens_per_s"] for r in recs[1:] or recs])), 1),
-                      wall_s=round(wall, 1), tokens=cfg.steps * tokens_per_step)
+                      mfu=round(float(np.median([r["mfu"] for r in recs[1:] or recs])), 4), peak_tflops=round(peak.item() / 1e12, 3),
+                      max_mem_mb=max(r["mem_mb"] for r in recs), wall_s=round(wall, 1), tokens=cfg.steps * tokens_per_step,
+                      resumed_from=start)
         write_manifest(run_dir, "pretrain", cfg, inputs={"data": str(data_dir)}, metrics=result, device=dev,
                        ds_config=dsc, checkpoint=str(ckpt_dir / tag))
         log.info(f"exported {out / 'hf'}")
@@ -208,8 +304,8 @@ def main(argv=None):
     "Entry point of one training rank: `python -m codellm_nb.pretrain --run-dir D --preset P [--set k=v ...]`."
     ap = argparse.ArgumentParser(description="Pretrain one rank (started by torchrun or deepspeed)")
     ap.add_argument("--run-dir", required=True); ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--set", nargs="*", default=[], help="preset overrides, key=value")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--set", nargs="*", action="extend", default=[], help="preset overrides, key=value")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint, if any")
     args, _ = ap.parse_known_args(argv)  # the deepspeed launcher adds --local_rank
     train(args.run_dir, get_preset(args.preset, **parse_overrides(args.set)), resume=args.resume)
 
@@ -225,12 +321,12 @@ def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=F
     cmd += ["-m", "codellm_nb.pretrain", "--run-dir", str(run_dir), "--preset", cfg.name,
             "--set", *[f"{k}={v}" for k, v in (overrides or {}).items()]] + (["--resume"] if resume else [])
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    if dev["kind"] == "cpu": env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.ranks))
+    if dev["kind"] == "cpu": env["OMP_NUM_THREADS"] = str(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.ranks))
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
         lines = []
         for line in p.stdout:
             lines.append(line)
-            if " INFO " in line or "Error" in line: echo(line.rstrip())
+            if re.search(r" (INFO|WARNING|ERROR) ", line) or "Error" in line: echo(line.rstrip())
     if p.returncode:
         cause = [l.strip() for l in lines if re.search(r"^(\[rank\d+\]: )?\w+(Error|Exception): ", l)]
         raise RuntimeError(f"Pretraining failed (exit {p.returncode}): {cause[-1] if cause else 'see the output below'}\n"

@@ -14,6 +14,8 @@ def test_unknown_preset():
 def test_bad_overrides():
     r = codellm("data", "--set", "stepz=3")
     assert r.returncode == 2 and "Unknown preset field(s) stepz" in r.stderr
+    r = codellm("data", "--set", "stepz=3", "--set", "lrz=1")  # --set repeats and accumulates
+    assert r.returncode == 2 and "Unknown preset field(s) lrz, stepz" in r.stderr
     r = codellm("data", "--set", "steps")
     assert r.returncode == 2 and "is not key=value" in r.stderr
     r = codellm("pretrain", "--set", "batch_seqs=10")
