@@ -52,6 +52,7 @@ class Preset:
     offload_optimizer: bool = False  # ZeRO-Offload: optimizer states in CPU memory
     offload_params: bool = False     # ZeRO-Infinity style: parameters in CPU memory (stage 3)
     threads_per_rank: int = 0   # CPU threads per rank (0 = cores / ranks)
+    device: str = "any"         # "gpu": the preset is sized for GPUs and refuses to start without one
     eval_every: int = 100
     ckpt_every: int = 100       # checkpoint every N steps (0 = only at the end)
     ckpt_minutes: float = 0     # ... and/or every N minutes of wall time
@@ -90,6 +91,7 @@ class Preset:
         if self.offload_params and self.zero_stage != 3: raise ValueError("offload_params needs zero_stage=3")
         if self.offload_optimizer and self.zero_stage == 0: raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
         if not 0 <= self.dropout < 1: raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.device not in ("any", "gpu"): raise ValueError(f"device must be any or gpu, got {self.device!r}")
         if self.keep_ckpts < 1: raise ValueError("keep_ckpts must be at least 1 (the checkpoint a resume needs)")
         self.grad_accum  # validates the batch arithmetic
 
@@ -117,12 +119,12 @@ PRESETS = {
     "135m": Preset(name="135m", max_files=0, max_file_bytes=1_000_000, vocab_size=32000, n_layers=12, hidden=768,
                    n_heads=12, n_kv_heads=12, ffn=2048, context=2048, seq_len=2048, batch_seqs=512, micro_batch=8,
                    nodes=4, ranks=8, steps=60_000, lr=6e-4, warmup=2000, eval_every=1000, ckpt_every=1000,
-                   precision="bf16", ft_steps=3000, ft_batch=32, ft_lr=2e-4, ft_max_len=2048, lora_r=64,
+                   precision="bf16", device="gpu", ft_steps=3000, ft_batch=32, ft_lr=2e-4, ft_max_len=2048, lora_r=64,
                    lora_alpha=128, max_new_tokens=512),
     "smollm-135m": Preset(name="smollm-135m", max_files=0, max_file_bytes=1_000_000, vocab_size=49152, n_layers=30,
                           hidden=576, n_heads=9, n_kv_heads=3, ffn=1536, context=2048, tie_embeddings=True, seq_len=2048,
                           batch_seqs=512, micro_batch=8, nodes=4, ranks=8, steps=60_000, lr=3e-3, warmup=2000,
-                          eval_every=1000, ckpt_every=1000, precision="bf16", activation_checkpointing=True,
+                          eval_every=1000, ckpt_every=1000, precision="bf16", activation_checkpointing=True, device="gpu",
                           ft_steps=3000, ft_batch=32, ft_lr=2e-4, ft_max_len=2048, lora_r=64, lora_alpha=128, max_new_tokens=512),
 }
 

@@ -244,6 +244,7 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     peak = torch.tensor([matmul_peak(TORCH_DTYPES[precision], engine.device)], device=engine.device)
     if world > 1: dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
     fpt, tokens_per_step = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len
+    bytes_per_token = read_manifest(run_dir, "data")["stats"]["bytes_per_token"]
     t_start = last_save = time.perf_counter()
     for step in range(start, cfg.steps):
         t0, loss_sum = time.perf_counter(), 0.0
@@ -266,7 +267,8 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
                    mfu=round(fpt * tokens_per_step / dt / peak.item(), 4), mem_mb=memory_mb())
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
-            rec["val_loss"] = round(evaluate(engine, val_tok, cfg, rank, world), 5)
+            v = evaluate(engine, val_tok, cfg, rank, world)
+            rec.update(val_loss=round(v, 5), val_ppl=round(math.exp(v), 3), val_bpb=round(v / math.log(2) / bytes_per_token, 4))
         due = torch.tensor([int(bool(cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or
                                 bool(cfg.ckpt_minutes and time.perf_counter() - last_save >= 60 * cfg.ckpt_minutes))])
         if cfg.ckpt_minutes and world > 1: dist.broadcast(due, 0)  # clocks differ: rank 0 decides for all
@@ -283,8 +285,7 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
         metrics.close()
         _export_hf(engine, cfg, mcfg, tok, ckpt_dir, tag, out / "hf")
         recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
-        bpt = read_manifest(run_dir, "data")["stats"]["bytes_per_token"]
-        val = recs[-1]["val_loss"]
+        val, bpt = recs[-1]["val_loss"], bytes_per_token
         result = dict(params=sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()),
                       precision=precision, world_size=world, zero_stage=cfg.zero_stage, steps=cfg.steps,
                       train_loss=recs[-1]["loss"], val_loss=val, val_ppl=round(math.exp(val), 3),
@@ -314,6 +315,9 @@ def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=F
     "Run `train` on `cfg.nodes x cfg.ranks` processes with torchrun; returns the pretrain metrics."
     read_manifest(run_dir, "data")  # fail early, with the fix, if the data stage is missing
     dev = detect_device()
+    if cfg.device == "gpu" and dev["kind"] == "cpu":
+        raise ValueError(f"The {cfg.name} preset is sized for GPUs ({cfg.nodes} nodes x {cfg.ranks} ranks) and this machine has "
+                         "none: use --preset tiny or small here, or --set device=any nodes=1 ranks=2 to run it on CPUs anyway")
     resolve_precision(cfg.precision, dev)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={cfg.nodes}", f"--nproc_per_node={cfg.ranks}"]
     cmd += ["--standalone"] if cfg.nodes == 1 else [f"--node_rank={node_rank}", f"--master_addr={master_addr}",

@@ -51,3 +51,7 @@ def test_eval_scores_a_sample_file(tmp_path):
     res = json.loads(r.stdout)
     assert res == {"samples": 6, "malformed_lines": 1, "pass@1": 0.5, "passed": 3}
     assert len((tmp_path / "samples.jsonl_results.jsonl").read_text().splitlines()) == 6
+
+def test_gpu_preset_on_cpu(data_run):
+    r = codellm("pretrain", "--preset", "135m", "--run-dir", data_run)
+    assert r.returncode == 2 and "sized for GPUs" in r.stderr and "--preset tiny" in r.stderr

@@ -48,3 +48,13 @@ def test_too_little_validation_data_fails_before_training(data_run, tmp_path):
     (tmp_path / "data").symlink_to(data_run / "data")
     r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", "seq_len=20000", "context=20000")
     assert r.returncode == 2 and "validation split has" in r.stderr and "raise val_frac" in r.stderr
+
+def test_offload_and_activation_checkpointing_run(two_ranks, data_run, tmp_path):
+    "ZeRO-Offload of the optimizer and activation checkpointing change memory, not the arithmetic."
+    (tmp_path / "data").symlink_to(data_run / "data")
+    r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", "offload_optimizer=true",
+                "activation_checkpointing=true")
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path / "pretrain" / "manifest.json").read_text())
+    assert m["ds_config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    np.testing.assert_allclose(losses(tmp_path), losses(two_ranks), rtol=2e-4)
