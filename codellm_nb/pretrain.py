@@ -238,9 +238,11 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
             set_rng_state(torch.load(tag / f"rng_rank{rank}.pt", weights_only=False))  # our own file
             if rank == 0: log.info(f"resumed from {tag.name}")
     if rank == 0:  # keep the metrics of the steps being resumed from, drop those a crash left after them
+        from torch.utils.tensorboard import SummaryWriter
         old = [l for l in open(out / "metrics.jsonl")] if start and (out / "metrics.jsonl").exists() else []
         metrics = open(out / "metrics.jsonl", "w")
         metrics.writelines(l for l in old if json.loads(l)["step"] <= start); metrics.flush()
+        tb = SummaryWriter(str(out / "tensorboard"), purge_step=start + 1 if start else None)  # `tensorboard --logdir runs`
     peak = torch.tensor([matmul_peak(TORCH_DTYPES[precision], engine.device)], device=engine.device)
     if world > 1: dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
     fpt, tokens_per_step = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len
@@ -276,13 +278,15 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
             save_checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_ckpts); last_save = time.perf_counter()
         if rank == 0:
             metrics.write(json.dumps(rec) + "\n"); metrics.flush()
+            for k, v in rec.items():
+                if k != "step" and v is not None: tb.add_scalar(f"pretrain/{k}", v, rec["step"])
             if step == start or last or (step + 1) % max(1, cfg.steps // 10) == 0:
                 log.info(" ".join(f"{k}={v}" for k, v in rec.items()))
     wall = time.perf_counter() - t_start
     tag = save_checkpoint(engine, ckpt_dir, cfg.steps, rank, cfg.keep_ckpts).name
     result = None
     if rank == 0:
-        metrics.close()
+        metrics.close(); tb.close()
         _export_hf(engine, cfg, mcfg, tok, ckpt_dir, tag, out / "hf")
         recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
         val, bpt = recs[-1]["val_loss"], bytes_per_token

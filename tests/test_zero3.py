@@ -27,6 +27,10 @@ def test_two_rank_zero3_trains_and_exports(two_ranks):
     assert (two_ranks / "pretrain" / "checkpoints" / "step6").is_dir()
     l = losses(two_ranks)
     assert len(l) == 6 and all(math.isfinite(x) for x in l) and l[-1] < l[0]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    ea = EventAccumulator(str(two_ranks / "pretrain" / "tensorboard")); ea.Reload()
+    np.testing.assert_allclose([e.value for e in ea.Scalars("pretrain/loss")], l, rtol=1e-5)
+    assert len(ea.Scalars("pretrain/val_bpb")) == 2 and len(ea.Scalars("pretrain/mfu")) == 6
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(two_ranks / "pretrain" / "hf")
     tok = AutoTokenizer.from_pretrained(two_ranks / "pretrain" / "hf")
