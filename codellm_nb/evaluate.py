@@ -209,21 +209,21 @@ def outcome(result:str) -> str:
 
 def write_eval_report(out, results:dict, checked:list[dict]) -> Path:
     "Write results.json, samples.jsonl, plots and report.md for `results` (model name -> metrics) into `out`."
-    import matplotlib; matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: writing a file must not touch the caller's plotting backend
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     with open(out / "samples.jsonl", "w") as f:
         for s in checked: f.write(json.dumps(s) + "\n")
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3))
-    ks = [k for k in next(iter(results.values())) if k.startswith("pass@")]
+    fig = Figure(figsize=(9, 3)); ax = fig.subplots(1, 2)
+    ks = [k for k in next(iter(results.values())) if k.startswith("pass@") or k == "syntax_valid"]
     pd_rows = {n: [r.get(k, 0) for k in ks] for n, r in results.items()}
     w = 0.8 / len(pd_rows)
-    for i, (n, v) in enumerate(pd_rows.items()): ax[0].bar(np.arange(len(ks)) + i * w, v, w, label=n)
-    ax[0].set_xticks(np.arange(len(ks)) + w * (len(pd_rows) - 1) / 2, ks); ax[0].set_ylim(0, 1); ax[0].set_title("HumanEval"); ax[0].legend()
+    for i, (n, v) in enumerate(pd_rows.items()):
+        ax[0].bar_label(ax[0].bar(np.arange(len(ks)) + i * w, v, w, label=n), fmt="%.2f", fontsize=8)  # zeros stay visible
+    ax[0].set_xticks(np.arange(len(ks)) + w * (len(pd_rows) - 1) / 2, ks); ax[0].set_ylim(0, 1.12); ax[0].set_title("HumanEval"); ax[0].legend()
     for n, r in results.items(): ax[1].hist(r.get("_token_ms") or [0], bins=30, alpha=0.6, label=n)
     ax[1].set_xlabel("inter-token latency (ms)"); ax[1].set_title("streaming latency"); ax[1].legend()
-    fig.tight_layout(); fig.savefig(out / "eval.png", dpi=100); plt.close(fig)
+    fig.tight_layout(); fig.savefig(out / "eval.png", dpi=100)
     md = ["# Evaluation\n", _md_table(results), "\n![pass@k and latency](eval.png)\n"]
     outcomes = Counter(outcome(s["result"]) for s in checked)
     md += ["\n## Sample outcomes\n", "| outcome | samples |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in sorted(outcomes.items(), key=lambda x: -x[1])) + "\n"]
