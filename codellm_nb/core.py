@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np, torch
 
 # %% auto #0
-__all__ = ['PRESETS', 'STAGES', 'TORCH_DTYPES', 'Preset', 'get_preset', 'parse_overrides', 'stage_dir', 'versions',
+__all__ = ['PRESETS', 'LANGS', 'STAGES', 'TORCH_DTYPES', 'Preset', 'get_preset', 'parse_overrides', 'stage_dir', 'versions',
            'write_manifest', 'read_manifest', 'require_stage', 'read_jsonl', 'cpu_has_bf16', 'detect_device',
            'resolve_precision', 'seed_everything', 'set_threads', 'get_logger', 'Timer']
 
@@ -159,6 +159,9 @@ def parse_overrides(items) -> dict:
         k, v = it.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+# %% ../nbs/00_core.ipynb #f2c8dfce
+LANGS = ("python", "java", "c", "cpp", "go", "javascript", "typescript", "rust", "shell")
 
 # %% ../nbs/00_core.ipynb #5eb9ffc1
 STAGES = ("data", "pretrain", "finetune", "quantize", "serve", "eval")
