@@ -57,6 +57,9 @@ class Preset:
     ckpt_every: int = 100       # checkpoint every N steps (0 = only at the end)
     ckpt_minutes: float = 0     # ... and/or every N minutes of wall time
     keep_ckpts: int = 2         # complete checkpoints kept (older ones are deleted)
+    nan_policy: str = "stop"    # on a non-finite loss: stop, or rewind to the last checkpoint and skip the batch
+    max_rewinds: int = 3        # ... at most this many times per run
+    mlflow: bool = True         # also log to MLflow when it is installed ($MLFLOW_TRACKING_URI, else <run>/pretrain/mlruns)
     # fine-tuning (LoRA SFT)
     ft_steps: int = 100
     ft_batch: int = 8
@@ -92,6 +95,7 @@ class Preset:
         if self.offload_optimizer and self.zero_stage == 0: raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
         if not 0 <= self.dropout < 1: raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.device not in ("any", "gpu"): raise ValueError(f"device must be any or gpu, got {self.device!r}")
+        if self.nan_policy not in ("stop", "rewind"): raise ValueError(f"nan_policy must be stop or rewind, got {self.nan_policy!r}")
         if self.keep_ckpts < 1: raise ValueError("keep_ckpts must be at least 1 (the checkpoint a resume needs)")
         self.grad_accum  # validates the batch arithmetic
 

@@ -15,7 +15,7 @@ from .data import load_tokens
 # %% auto #0
 __all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'batch_blocks', 'rng_state', 'set_rng_state',
            'checkpoint_problem', 'find_checkpoint', 'save_checkpoint', 'flops_per_token', 'matmul_peak', 'param_groups',
-           'memory_mb', 'evaluate', 'train', 'main', 'launch_pretrain']
+           'memory_mb', 'evaluate', 'mlflow_run', 'train', 'main', 'launch_pretrain']
 
 # %% ../nbs/02_pretrain.ipynb #828334d0
 def model_config(cfg:Preset, tok=None, vocab_size:int|None=None):
@@ -110,11 +110,11 @@ def find_checkpoint(ckpt_dir, log=None) -> Path|None:
         if log: log.warning(f"skipping checkpoint {d.name}: {why}")
     return None
 
-def save_checkpoint(engine, ckpt_dir:Path, step:int, rank:int, keep:int) -> Path:
-    "Save a resumable checkpoint of all ranks at `step`, mark it complete, keep the newest `keep`."
+def save_checkpoint(engine, ckpt_dir:Path, step:int, rank:int, keep:int, state:dict|None=None) -> Path:
+    "Save a resumable checkpoint of all ranks at `step` (plus loop `state`), mark it complete, keep the newest `keep`."
     import deepspeed.comm as dist
     tag = ckpt_dir / f"step{step}"
-    engine.save_checkpoint(str(ckpt_dir), tag=tag.name, client_state={"step": step})
+    engine.save_checkpoint(str(ckpt_dir), tag=tag.name, client_state={"step": step, **(state or {})})
     torch.save(rng_state(), tag / f"rng_rank{rank}.pt")
     dist.barrier()  # every rank has written its files
     if rank == 0:
@@ -193,6 +193,34 @@ def _export_hf(engine, cfg:Preset, mcfg, tok, ckpt_dir:Path, tag:str, out:Path):
     mcfg.save_pretrained(out)
     tok.save_pretrained(out)
 
+def _restore(engine, tag:Path, rank:int) -> dict:
+    "Load checkpoint `tag` into `engine` and this rank's RNG states; returns the loop state saved with it."
+    _, client = engine.load_checkpoint(str(tag.parent), tag=tag.name)
+    set_rng_state(torch.load(tag / f"rng_rank{rank}.pt", weights_only=False))  # our own file
+    return dict(step=client["step"], data_step=client.get("data_step", client["step"]), skipped=client.get("skipped", []))
+
+def _metrics_file(path:Path, upto:int):
+    "Open `metrics.jsonl` for writing, keeping the records of steps <= `upto` (those a resume or rewind keeps)."
+    old = [l for l in open(path)] if upto and path.exists() else []
+    f = open(path, "w")
+    f.writelines(l for l in old if json.loads(l)["step"] <= upto); f.flush()
+    return f
+
+def mlflow_run(out:Path, cfg:Preset, resume:bool):
+    "The `mlflow` module with this stage's run active, or None when mlflow is not installed or `cfg.mlflow` is off."
+    if not cfg.mlflow: return None
+    try: import mlflow
+    except ImportError: return None
+    if not os.environ.get("MLFLOW_TRACKING_URI"):  # no tracking server configured: a local store inside the run
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        mlflow.set_tracking_uri((out / "mlruns").resolve().as_uri())
+    mlflow.set_experiment("codellm_nb")
+    id_file = out / "mlflow_run_id"
+    run_id = id_file.read_text().strip() if resume and id_file.exists() else None
+    run = mlflow.start_run(run_id=run_id, run_name=f"pretrain-{cfg.name}")
+    if run_id is None: id_file.write_text(run.info.run_id); mlflow.log_params(dataclasses.asdict(cfg))
+    return mlflow
+
 def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     "Pretrain on `<run_dir>/data` shards with DeepSpeed; run on every rank (see `launch_pretrain`)."
     import deepspeed, deepspeed.comm as dist
@@ -227,34 +255,39 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay), config=dsc,
                                       lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                                           opt, lambda s: lr_at(s, cfg) / cfg.lr))
-    ckpt_dir, start = out / "checkpoints", 0
+    ckpt_dir, loop = out / "checkpoints", dict(step=0, data_step=0, skipped=[])
     if resume:
         tag = find_checkpoint(ckpt_dir, log if rank == 0 else None)
         if tag is None:
             if rank == 0: log.info("no valid checkpoint to resume from: starting from step 0")
         else:
-            _, client = engine.load_checkpoint(str(ckpt_dir), tag=tag.name)
-            start = client["step"]
-            set_rng_state(torch.load(tag / f"rng_rank{rank}.pt", weights_only=False))  # our own file
+            loop = _restore(engine, tag, rank)
             if rank == 0: log.info(f"resumed from {tag.name}")
+    start = loop["step"]
+    if cfg.nan_policy == "rewind" and start == 0:  # something to rewind to even if the first steps blow up
+        save_checkpoint(engine, ckpt_dir, 0, rank, cfg.keep_ckpts, dict(data_step=0, skipped=[]))
     if rank == 0:  # keep the metrics of the steps being resumed from, drop those a crash left after them
         from torch.utils.tensorboard import SummaryWriter
-        old = [l for l in open(out / "metrics.jsonl")] if start and (out / "metrics.jsonl").exists() else []
-        metrics = open(out / "metrics.jsonl", "w")
-        metrics.writelines(l for l in old if json.loads(l)["step"] <= start); metrics.flush()
+        metrics = _metrics_file(out / "metrics.jsonl", start)
         tb = SummaryWriter(str(out / "tensorboard"), purge_step=start + 1 if start else None)  # `tensorboard --logdir runs`
+        ml = mlflow_run(out, cfg, resume=bool(start))
     peak = torch.tensor([matmul_peak(TORCH_DTYPES[precision], engine.device)], device=engine.device)
     if world > 1: dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
     fpt, tokens_per_step = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len
     bytes_per_token = read_manifest(run_dir, "data")["stats"]["bytes_per_token"]
+    poisoned = {int(s) for s in os.environ.get("CODELLM_INJECT_NAN", "").split(",") if s.strip()}  # fault drill
+    step, data_step, skipped, rewinds = start, loop["data_step"], set(loop["skipped"]), []
+    state = dict(data_step=data_step, skipped=sorted(skipped))  # loop state saved with each checkpoint
     t_start = last_save = time.perf_counter()
-    for step in range(start, cfg.steps):
+    while step < cfg.steps:
+        while data_step in skipped: data_step += 1  # batches that once blew up stay skipped, also after a resume
         t0, loss_sum = time.perf_counter(), 0.0
         for micro in range(cfg.grad_accum):
-            idx = batch_blocks(step, micro, rank, cfg, n_blocks, world)
+            idx = batch_blocks(data_step, micro, rank, cfg, n_blocks, world)
             x = torch.from_numpy(np.stack([train_tok[b * cfg.seq_len:(b + 1) * cfg.seq_len] for b in idx]).astype(np.int64))
             x = x.to(engine.device)
             loss = engine(input_ids=x, labels=x).loss
+            if data_step in poisoned: loss = loss * float("nan")
             engine.backward(loss)
             engine.step()
             loss_sum += loss.item()
@@ -262,7 +295,22 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
         if world > 1: dist.all_reduce(mean); mean /= world
         dt = time.perf_counter() - t0
         if not math.isfinite(mean.item()):
-            raise FloatingPointError(f"Loss became {mean.item()} at step {step}: lower lr (now {cfg.lr}) or use fp32/bf16")
+            tag = find_checkpoint(ckpt_dir) if cfg.nan_policy == "rewind" and len(rewinds) < cfg.max_rewinds else None
+            if tag is None:
+                why = (f"after {len(rewinds)} rewinds" if rewinds else "and nan_policy=rewind found no checkpoint") \
+                      if cfg.nan_policy == "rewind" else "(nan_policy=stop)"
+                raise FloatingPointError(f"Loss became {mean.item()} at step {step + 1} {why}: lower lr (now {cfg.lr}), "
+                                         "use fp32/bf16, or set nan_policy=rewind to restart from the last checkpoint "
+                                         "without the offending batch")
+            skipped.add(data_step)
+            back = _restore(engine, tag, rank)  # the weights the bad step corrupted are replaced wholesale
+            rewinds.append(dict(at_step=step + 1, to_step=back["step"], skipped_batch=data_step))
+            step, data_step = back["step"], back["data_step"]
+            if rank == 0:
+                log.warning(f"non-finite loss at step {rewinds[-1]['at_step']}: rewound to {tag.name}, skipping batch {rewinds[-1]['skipped_batch']}")
+                metrics.close(); metrics = _metrics_file(out / "metrics.jsonl", step)
+            continue
+        data_step += 1
         gn = engine.get_global_grad_norm()
         rec = dict(step=step + 1, loss=round(mean.item(), 5), lr=float(f"{lr_at(step, cfg):.4g}"),
                    grad_norm=None if gn is None else round(float(gn), 4), tokens_per_s=round(tokens_per_step / dt, 1),
@@ -274,19 +322,23 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
         due = torch.tensor([int(bool(cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or
                                 bool(cfg.ckpt_minutes and time.perf_counter() - last_save >= 60 * cfg.ckpt_minutes))])
         if cfg.ckpt_minutes and world > 1: dist.broadcast(due, 0)  # clocks differ: rank 0 decides for all
+        state = dict(data_step=data_step, skipped=sorted(skipped))
         if due.item() and not last:
-            save_checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_ckpts); last_save = time.perf_counter()
+            save_checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_ckpts, state); last_save = time.perf_counter()
         if rank == 0:
             metrics.write(json.dumps(rec) + "\n"); metrics.flush()
-            for k, v in rec.items():
-                if k != "step" and v is not None: tb.add_scalar(f"pretrain/{k}", v, rec["step"])
+            scalars = {k: v for k, v in rec.items() if k != "step" and v is not None}
+            for k, v in scalars.items(): tb.add_scalar(f"pretrain/{k}", v, rec["step"])
+            if ml: ml.log_metrics(scalars, step=rec["step"])
             if step == start or last or (step + 1) % max(1, cfg.steps // 10) == 0:
                 log.info(" ".join(f"{k}={v}" for k, v in rec.items()))
+        step += 1
     wall = time.perf_counter() - t_start
-    tag = save_checkpoint(engine, ckpt_dir, cfg.steps, rank, cfg.keep_ckpts).name
+    tag = save_checkpoint(engine, ckpt_dir, cfg.steps, rank, cfg.keep_ckpts, state).name
     result = None
     if rank == 0:
         metrics.close(); tb.close()
+        if ml: ml.end_run()
         _export_hf(engine, cfg, mcfg, tok, ckpt_dir, tag, out / "hf")
         recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
         val, bpt = recs[-1]["val_loss"], bytes_per_token
@@ -297,7 +349,7 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
                       tokens_per_s=round(float(np.median([r["tokens_per_s"] for r in recs[1:] or recs])), 1),
                       mfu=round(float(np.median([r["mfu"] for r in recs[1:] or recs])), 4), peak_tflops=round(peak.item() / 1e12, 3),
                       max_mem_mb=max(r["mem_mb"] for r in recs), wall_s=round(wall, 1), tokens=cfg.steps * tokens_per_step,
-                      resumed_from=start)
+                      resumed_from=start, rewinds=rewinds, skipped_batches=sorted(skipped))
         write_manifest(run_dir, "pretrain", cfg, inputs={"data": str(data_dir)}, metrics=result, device=dev,
                        ds_config=dsc, checkpoint=str(ckpt_dir / tag))
         log.info(f"exported {out / 'hf'}")

@@ -5,10 +5,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-def codellm(*args, timeout=900):
-    "Run the `codellm` command as a user would; returns the CompletedProcess."
+def codellm(*args, timeout=900, env=None):
+    "Run the `codellm` command as a user would (with extra `env` variables); returns the CompletedProcess."
     return subprocess.run([sys.executable, "-m", "codellm_nb.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT, env=dict(os.environ, **(env or {})))
 
 @pytest.fixture(scope="session")
 def data_run(tmp_path_factory):

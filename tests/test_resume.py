@@ -79,3 +79,27 @@ def test_two_nodes_on_loopback_match_one_node(uninterrupted, data_run, tmp_path)
     assert m["world_size"] == 2
     np.testing.assert_allclose([json.loads(l)["loss"] for l in open(run / "pretrain" / "metrics.jsonl")],
                                [json.loads(l)["loss"] for l in open(uninterrupted / "pretrain" / "metrics.jsonl")], rtol=1e-5)
+
+def test_nan_rewinds_to_the_last_checkpoint_and_skips_the_batch(data_run, tmp_path):
+    run = new_run(tmp_path, data_run, "rewind")
+    r = codellm("pretrain", "--run-dir", run, "--set", *CFG, "steps=12", "eval_every=0", "nan_policy=rewind",
+                env={"CODELLM_INJECT_NAN": "7"})  # data batch 7 is poisoned: step 8 blows up
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rewound to step6, skipping batch 7" in r.stderr + r.stdout
+    m = json.loads((run / "pretrain" / "manifest.json").read_text())["metrics"]
+    assert m["rewinds"] == [dict(at_step=8, to_step=6, skipped_batch=7)] and m["skipped_batches"] == [7]
+    recs = [json.loads(l) for l in open(run / "pretrain" / "metrics.jsonl")]
+    assert [x["step"] for x in recs] == list(range(1, 13)) and all(np.isfinite(x["loss"]) for x in recs)
+    assert np.isfinite(m["val_loss"])
+    # the same run logged to MLflow (a local store in the run, as no tracking server is configured)
+    from mlflow.tracking import MlflowClient
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    client = MlflowClient((run / "pretrain" / "mlruns").resolve().as_uri())
+    hist = client.get_metric_history((run / "pretrain" / "mlflow_run_id").read_text(), "loss")
+    assert sorted({h.step for h in hist}) == list(range(1, 13))
+
+def test_nan_stops_with_the_fix_by_default(data_run, tmp_path):
+    run = new_run(tmp_path, data_run, "stop")
+    r = codellm("pretrain", "--run-dir", run, "--set", *CFG, "steps=12", "eval_every=0", env={"CODELLM_INJECT_NAN": "2"})
+    assert r.returncode != 0
+    assert "Loss became nan at step 3 (nan_policy=stop)" in r.stderr and "nan_policy=rewind" in r.stderr
