@@ -100,7 +100,13 @@ def write_report(run_dir) -> Path:
     if (d := stage("data")):
         s = d["stats"]; out += ["## Data\n", _table({"files read": s["counts"]["files"], "documents kept": s["counts"]["kept"],
             "bytes": f"{s['bytes']:,}", "train / val tokens": f"{s['train_tokens']:,} / {s['val_tokens']:,}",
-            "vocabulary": s["vocab_size"], "bytes per token": s["bytes_per_token"], "SFT records": s["sft_records"]})]
+            "vocabulary": s["vocab_size"], "bytes per token": s["bytes_per_token"], "SFT records": s["sft_records"],
+            "preference pairs": s.get("pref_pairs", 0),
+            "languages": ", ".join(f"{k} {v}" for k, v in s.get("languages", {}).items()),
+            "removed": ", ".join(f"{k} {v}" for k, v in s.get("filters", {}).get("dropped", {}).items()) +
+                       (f", duplicates {s['dedup']['exact_removed'] + s['dedup']['near_removed']}" if "dedup" in s else "") +
+                       (f", eval overlap {s['decontamination']['removed']}" if "decontamination" in s else ""),
+            "secrets redacted": ", ".join(f"{k} {v}" for k, v in s.get("filters", {}).get("redacted", {}).items()) or "none"})]
     if (p := stage("pretrain")):
         m = p["metrics"]; out += ["## Pretraining\n", _table({"parameters": f"{m['params']:,}", "precision": m["precision"],
             "ranks x ZeRO stage": f"{m['world_size']} x {m['zero_stage']}", "steps / tokens": f"{m['steps']} / {m['tokens']:,}",

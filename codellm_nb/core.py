@@ -20,10 +20,23 @@ class Preset:
     "Every number of a run: data, model shape, pretraining, fine-tuning and evaluation."
     name: str = "tiny"
     # data
-    max_files: int = 400        # Python files read from the corpus (0 = all)
+    sources: str = "stdlib,packages" # comma-separated: stdlib, packages, dir:PATH, jsonl:PATH, parquet:PATH, hf:PATH
+    max_files: int = 1200       # source files sampled from the corpus (0 = all)
     max_file_bytes: int = 100_000 # files larger than this are skipped as data-like
+    licenses: str = ""          # allowed SPDX licences, comma-separated ("" = the permissive default list)
+    min_tokens: int = 50        # documents outside this token-length window are dropped
+    max_tokens: int = 4096
+    dedup_threshold: float = 0.8 # MinHash Jaccard at which documents count as near-duplicates
+    shingle_size: int = 5       # code tokens per MinHash shingle
+    num_perm: int = 128         # MinHash permutations
+    decontaminate: str = "humaneval" # eval sets to remove overlaps with: humaneval and/or JSONL paths, comma-separated
+    decontam_ngram: int = 13    # words in a shared n-gram that counts as contamination
+    data_workers: int = 0       # processes for the data stage (0 = all cores)
     vocab_size: int = 4096      # BPE vocabulary, special tokens included
     val_frac: float = 0.05      # fraction of documents held out for validation
+    pref_pairs: int = 200       # preference pairs for DPO, each verified by running its doctests (0 = none)
+    self_instruct_url: str = "" # an OpenAI-compatible endpoint to generate extra instructions from (optional)
+    self_instruct_n: int = 0    # ... how many
     # model: a Llama decoder
     n_layers: int = 4
     hidden: int = 128
@@ -85,6 +98,8 @@ class Preset:
         if self.seq_len > self.context: raise ValueError(f"seq_len ({self.seq_len}) exceeds the model context ({self.context})")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"): raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.zero_stage not in (0, 1, 2, 3): raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if not 0 < self.dedup_threshold <= 1: raise ValueError(f"dedup_threshold must be in (0, 1], got {self.dedup_threshold}")
+        if self.min_tokens >= self.max_tokens: raise ValueError(f"min_tokens ({self.min_tokens}) must be below max_tokens ({self.max_tokens})")
         if not 0 < self.val_frac < 1: raise ValueError(f"val_frac must be in (0, 1), got {self.val_frac}")
         if self.warmup >= self.steps: raise ValueError(f"warmup ({self.warmup}) must be shorter than steps ({self.steps})")
         if self.batch_tokens:

@@ -11,6 +11,7 @@ import numpy as np, torch
 from .core import (TORCH_DTYPES, Preset, Timer, detect_device, get_logger, get_preset, parse_overrides,
                              read_manifest, resolve_precision, seed_everything, set_threads, stage_dir, write_manifest)
 from .data import load_tokens
+from .tokenizer import TokenLoader
 
 # %% auto #0
 __all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'batch_blocks', 'rng_state', 'set_rng_state',
@@ -197,7 +198,8 @@ def _restore(engine, tag:Path, rank:int) -> dict:
     "Load checkpoint `tag` into `engine` and this rank's RNG states; returns the loop state saved with it."
     _, client = engine.load_checkpoint(str(tag.parent), tag=tag.name)
     set_rng_state(torch.load(tag / f"rng_rank{rank}.pt", weights_only=False))  # our own file
-    return dict(step=client["step"], data_step=client.get("data_step", client["step"]), skipped=client.get("skipped", []))
+    return dict(step=client["step"], data_step=client.get("data_step", client["step"]), skipped=client.get("skipped", []),
+                loader=client.get("loader"))
 
 def _metrics_file(path:Path, upto:int):
     "Open `metrics.jsonl` for writing, keeping the records of steps <= `upto` (those a resume or rewind keeps)."
@@ -255,7 +257,11 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay), config=dsc,
                                       lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
                                           opt, lambda s: lr_at(s, cfg) / cfg.lr))
-    ckpt_dir, loop = out / "checkpoints", dict(step=0, data_step=0, skipped=[])
+    ckpt_dir, loop = out / "checkpoints", dict(step=0, data_step=0, skipped=[], loader=None)
+    loader = TokenLoader(train_tok, cfg.seq_len, cfg.micro_batch, rank, world, cfg.seed)  # prefetches in a thread
+    def seek(data_step:int):  # optimizer step `data_step` starts at micro-batch data_step * grad_accum
+        e, s = divmod(data_step * cfg.grad_accum, loader.steps_per_epoch)
+        loader.load_state_dict(dict(loader.state_dict(), epoch=e, step=s))
     if resume:
         tag = find_checkpoint(ckpt_dir, log if rank == 0 else None)
         if tag is None:
@@ -264,8 +270,9 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
             loop = _restore(engine, tag, rank)
             if rank == 0: log.info(f"resumed from {tag.name}")
     start = loop["step"]
+    if loop["loader"]: loader.load_state_dict(loop["loader"])  # refuses a position saved for other data or settings
     if cfg.nan_policy == "rewind" and start == 0:  # something to rewind to even if the first steps blow up
-        save_checkpoint(engine, ckpt_dir, 0, rank, cfg.keep_ckpts, dict(data_step=0, skipped=[]))
+        save_checkpoint(engine, ckpt_dir, 0, rank, cfg.keep_ckpts, dict(data_step=0, skipped=[], loader=loader.state_dict()))
     if rank == 0:  # keep the metrics of the steps being resumed from, drop those a crash left after them
         from torch.utils.tensorboard import SummaryWriter
         metrics = _metrics_file(out / "metrics.jsonl", start)
@@ -277,15 +284,15 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     bytes_per_token = read_manifest(run_dir, "data")["stats"]["bytes_per_token"]
     poisoned = {int(s) for s in os.environ.get("CODELLM_INJECT_NAN", "").split(",") if s.strip()}  # fault drill
     step, data_step, skipped, rewinds = start, loop["data_step"], set(loop["skipped"]), []
-    state = dict(data_step=data_step, skipped=sorted(skipped))  # loop state saved with each checkpoint
+    state = dict(data_step=data_step, skipped=sorted(skipped), loader=loader.state_dict())  # saved with each checkpoint
     t_start = last_save = time.perf_counter()
     while step < cfg.steps:
-        while data_step in skipped: data_step += 1  # batches that once blew up stay skipped, also after a resume
+        if data_step in skipped:  # batches that once blew up stay skipped, also after a resume
+            while data_step in skipped: data_step += 1
+            seek(data_step)
         t0, loss_sum = time.perf_counter(), 0.0
         for micro in range(cfg.grad_accum):
-            idx = batch_blocks(data_step, micro, rank, cfg, n_blocks, world)
-            x = torch.from_numpy(np.stack([train_tok[b * cfg.seq_len:(b + 1) * cfg.seq_len] for b in idx]).astype(np.int64))
-            x = x.to(engine.device)
+            x = next(loader).to(engine.device)
             loss = engine(input_ids=x, labels=x).loss
             if data_step in poisoned: loss = loss * float("nan")
             engine.backward(loss)
@@ -306,6 +313,7 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
             back = _restore(engine, tag, rank)  # the weights the bad step corrupted are replaced wholesale
             rewinds.append(dict(at_step=step + 1, to_step=back["step"], skipped_batch=data_step))
             step, data_step = back["step"], back["data_step"]
+            seek(data_step)
             if rank == 0:
                 log.warning(f"non-finite loss at step {rewinds[-1]['at_step']}: rewound to {tag.name}, skipping batch {rewinds[-1]['skipped_batch']}")
                 metrics.close(); metrics = _metrics_file(out / "metrics.jsonl", step)
@@ -322,11 +330,12 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
         due = torch.tensor([int(bool(cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or
                                 bool(cfg.ckpt_minutes and time.perf_counter() - last_save >= 60 * cfg.ckpt_minutes))])
         if cfg.ckpt_minutes and world > 1: dist.broadcast(due, 0)  # clocks differ: rank 0 decides for all
-        state = dict(data_step=data_step, skipped=sorted(skipped))
+        state = dict(data_step=data_step, skipped=sorted(skipped), loader=loader.state_dict())
         if due.item() and not last:
             save_checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_ckpts, state); last_save = time.perf_counter()
         if rank == 0:
             metrics.write(json.dumps(rec) + "\n"); metrics.flush()
+            if os.environ.get("CODELLM_PROGRESS"): print(f"@progress {rec['step']} {cfg.steps} {rec['loss']}", flush=True)
             scalars = {k: v for k, v in rec.items() if k != "step" and v is not None}
             for k, v in scalars.items(): tb.add_scalar(f"pretrain/{k}", v, rec["step"])
             if ml: ml.log_metrics(scalars, step=rec["step"])
@@ -334,6 +343,7 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
                 log.info(" ".join(f"{k}={v}" for k, v in rec.items()))
         step += 1
     wall = time.perf_counter() - t_start
+    loader.close()
     tag = save_checkpoint(engine, ckpt_dir, cfg.steps, rank, cfg.keep_ckpts, state).name
     result = None
     if rank == 0:
@@ -380,11 +390,16 @@ def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=F
                                                      f"--master_port={master_port}"]
     cmd += ["-m", "codellm_nb.pretrain", "--run-dir", str(run_dir), "--preset", cfg.name,
             "--set", *[f"{k}={v}" for k, v in (overrides or {}).items()]] + (["--resume"] if resume else [])
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", CODELLM_PROGRESS="1")
     if dev["kind"] == "cpu": env["OMP_NUM_THREADS"] = str(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.ranks))
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+    from tqdm.auto import tqdm
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p, \
+         tqdm(total=cfg.steps, desc="pretrain", unit="step", leave=False) as bar:
         lines = []
         for line in p.stdout:
+            if line.startswith("@progress "):  # rank 0, once per step
+                _, done, _, loss = line.split(); bar.update(int(done) - bar.n); bar.set_postfix(loss=loss, refresh=False)
+                continue
             lines.append(line)
             if re.search(r" (INFO|WARNING|ERROR) ", line) or "Error" in line: echo(line.rstrip())
     if p.returncode:
