@@ -36,7 +36,8 @@ class Preset:
     val_frac: float = 0.05      # fraction of documents held out for validation
     pref_pairs: int = 200       # preference pairs for DPO, each verified by running its doctests (0 = none)
     self_instruct_url: str = "" # an OpenAI-compatible endpoint to generate extra instructions from (optional)
-    self_instruct_n: int = 0    # ... how many
+    self_instruct_n: int = 0    # ... how many requests
+    self_instruct_model: str = "" # ... which model ("" = the first one the server lists)
     # model: a Llama decoder
     n_layers: int = 4
     hidden: int = 128

@@ -17,7 +17,7 @@ from .dedup import (build_eval_index, content_hash, decontaminate, deduplicate, 
                               normalize)
 from .tokenizer import SPECIAL_TOKENS, is_val, load_tokens, pack_shards, token_dtype, train_tokenizer
 from .sft import (SFT_INSTRUCTION, doctest_candidates, instruction_records, merge_stats, mix_records,
-                            preference_pairs, self_instruct, sft_prompt, sft_records, verify_records)
+                            preference_pairs, self_instruct, sft_prompt, sft_records, to_context_response, verify_records)
 
 # %% auto #0
 __all__ = ['STDLIB_SKIP', 'DATA_FIELDS', 'stdlib_files', 'read_source', 'collect_documents', 'heldout_metrics', 'fingerprint',
@@ -159,7 +159,12 @@ def _write_jsonl(path:Path, rows):
         for r in rows: f.write(json.dumps(r) + "\n")
     tmp.replace(path)
 
-def build_sft(cfg:Preset, out:Path, tok=None) -> dict:
+def _served_model(base_url:str, key:str|None) -> str:
+    "The first model an OpenAI-compatible server lists (what to ask when no model name is configured)."
+    from openai import OpenAI
+    return OpenAI(base_url=base_url, api_key=key or "none").models.list().data[0].id
+
+def build_sft(cfg:Preset, out:Path) -> dict:
     "Instruction records (`sft.jsonl`), verified and mixed, from the training documents in `out/documents`."
     from datasets import load_from_disk
     ds = load_from_disk(str(out / "documents"))
@@ -172,12 +177,14 @@ def build_sft(cfg:Preset, out:Path, tok=None) -> dict:
     recs, verified = verify_records(recs, workers=workers(cfg))
     if cfg.self_instruct_url and cfg.self_instruct_n:
         seeds = [r for r in recs if r["task"] == "docstring_to_code"]
-        extra, si = self_instruct(cfg.self_instruct_url, os.environ.get("OPENAI_API_KEY"), "default", seeds,
-                                  n=cfg.self_instruct_n, seed=cfg.seed)
+        key = os.environ.get("OPENAI_API_KEY")
+        model = cfg.self_instruct_model or _served_model(cfg.self_instruct_url, key)
+        extra, si = self_instruct(cfg.self_instruct_url, key, model, seeds, n=cfg.self_instruct_n, seed=cfg.seed)
         recs += extra
     else: si = None
     mixed, mix = mix_records(recs, seed=cfg.seed)
     _write_jsonl(out / "sft.jsonl", mixed)
+    _write_jsonl(out / "sft_context_response.jsonl", (to_context_response(r) for r in mixed))  # the other common layout
     return dict(documents=len(py), per_document=per_doc, verified=verified, self_instruct=si, mixture=mix, records=len(mixed))
 
 def build_prefs(cfg:Preset, out:Path) -> dict:
@@ -220,7 +227,7 @@ def build_data(run_dir, cfg:Preset) -> dict:
     with t("pack"):
         index = pack_shards(load_from_disk(str(out / "documents")), tok, out / "shards", cfg.val_frac, num_proc=workers(cfg),
                             min_tokens=cfg.min_tokens, max_tokens=cfg.max_tokens)
-    fp_sft = fingerprint(fp_docs, cfg.val_frac, cfg.self_instruct_url, cfg.self_instruct_n)
+    fp_sft = fingerprint(fp_docs, cfg.val_frac, cfg.self_instruct_url, cfg.self_instruct_n, cfg.self_instruct_model, 2)
     with t("sft"): sft = cached_step(out, "sft", fp_sft, lambda: build_sft(cfg, out), log)
     with t("prefs"): prefs = cached_step(out, "prefs", fingerprint(fp_sft, cfg.pref_pairs), lambda: build_prefs(cfg, out), log)
     with t("bytes_per_token"): bpt = shard_bytes_per_token(load_from_disk(str(out / "documents")), tok, cfg)
