@@ -50,7 +50,10 @@ def test_indivisible_batch_is_explained(data_run, tmp_path):
 
 def test_too_little_validation_data_fails_before_training(data_run, tmp_path):
     (tmp_path / "data").symlink_to(data_run / "data")
-    r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", "seq_len=20000", "context=20000")
+    s = json.loads((data_run / "data" / "stats.json").read_text())
+    seq = s["val_tokens"] // 2 + 1  # one validation sequence for two ranks, while training has plenty
+    assert s["train_tokens"] // seq >= 16, s
+    r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", f"seq_len={seq}", f"context={seq}")
     assert r.returncode == 2 and "validation split has" in r.stderr and "raise val_frac" in r.stderr
 
 def test_offload_and_activation_checkpointing_run(two_ranks, data_run, tmp_path):
