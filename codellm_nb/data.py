@@ -20,8 +20,8 @@ from .sft import (SFT_INSTRUCTION, doctest_candidates, instruction_records, merg
                             preference_pairs, self_instruct, sft_prompt, sft_records, to_context_response, verify_records)
 
 # %% auto #0
-__all__ = ['STDLIB_SKIP', 'DATA_FIELDS', 'stdlib_files', 'read_source', 'collect_documents', 'heldout_metrics', 'fingerprint',
-           'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft', 'build_prefs',
+__all__ = ['STDLIB_SKIP', 'DOCS_VERSION', 'DATA_FIELDS', 'stdlib_files', 'read_source', 'collect_documents', 'heldout_metrics',
+           'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft', 'build_prefs',
            'shard_bytes_per_token', 'build_data']
 
 # %% ../nbs/01_data.ipynb #3640895b
@@ -66,6 +66,7 @@ def heldout_metrics(model, tokens:np.ndarray, tok, seq_len:int, max_blocks:int=6
     return dict(loss=round(loss, 5), ppl=round(math.exp(loss), 4), bits_per_byte=round(nats / math.log(2) / n_bytes, 5))
 
 # %% ../nbs/01_data.ipynb #ddbaf250
+DOCS_VERSION = 2  # bump when `build_documents` writes something different for the same settings
 DATA_FIELDS = ("sources", "max_files", "max_file_bytes", "licenses", "dedup_threshold", "shingle_size", "num_perm",
                "decontaminate", "decontam_ngram", "seed")  # what the documents depend on
 
@@ -112,6 +113,7 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     funnel["listed"] = len(items)
     items = sample_items(items, cfg.max_files or None, cfg.seed)
     funnel["sampled"] = len(items)
+    listing = Counter(stats)  # what listing skipped, over every source; loading counts the sample's own problems
     docs = load_documents(items, stats, cfg.max_file_bytes, allow, num_proc=nproc)
     funnel["readable, licence allowed"] = len(docs)
     if not docs: raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
@@ -137,7 +139,9 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     kept = Counter({k.split("/", 2)[2]: v for k, v in stats.items() if k.startswith("license/kept/")})
     dropped = Counter({k.split("/", 2)[2]: v for k, v in stats.items() if k.startswith("license/dropped/")})
     log.info(f"data: {len(ds)} documents from {funnel['listed']:,} listed items")
-    return dict(funnel=funnel, skipped={k[5:]: v for k, v in sorted(stats.items()) if k.startswith("skip/")},
+    loading = stats - listing
+    return dict(funnel=funnel, skipped={k[5:]: v for k, v in sorted(loading.items()) if k.startswith("skip/")},
+                skipped_listing={k[5:]: v for k, v in sorted(listing.items()) if k.startswith("skip/")},
                 listed={k[7:]: v for k, v in sorted(stats.items()) if k.startswith("listed/")},
                 licenses=dict(kept=dict(kept.most_common()), dropped=dict(dropped.most_common())),
                 filters=filt, languages=dict(Counter(ds["lang"]).most_common()),
@@ -215,7 +219,7 @@ def build_data(run_dir, cfg:Preset) -> dict:
     "Run the data stage for `cfg` into `<run_dir>/data`: documents, tokenizer, shards, SFT and preference JSONL, stats."
     from datasets import load_from_disk
     log, t, out = get_logger(), Timer(), stage_dir(run_dir, "data")
-    fp_docs = fingerprint({k: getattr(cfg, k) for k in DATA_FIELDS})
+    fp_docs = fingerprint({k: getattr(cfg, k) for k in DATA_FIELDS}, DOCS_VERSION)
     with t("documents"): docs = cached_step(out, "documents", fp_docs, lambda: build_documents(cfg, out, log), log)
     fp_tok = fingerprint(fp_docs, cfg.vocab_size)
     def tokenizer():
