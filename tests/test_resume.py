@@ -42,7 +42,10 @@ def test_kill_and_resume_gives_identical_weights(uninterrupted, data_run, tmp_pa
         time.sleep(0.05)
     assert p.poll() is None, "the run ended before it could be killed"
     procs = [psutil.Process(p.pid)] + psutil.Process(p.pid).children(recursive=True)  # the launcher and every rank
-    for q in procs: q.kill()  # SIGKILL: a crash, not a shutdown
+    os.killpg(p.pid, signal.SIGKILL)  # SIGKILL to the whole session at once: a crash, not a shutdown
+    for q in procs:  # anything that left the process group; short-lived helpers may already be gone
+        try: q.kill()
+        except psutil.NoSuchProcess: pass
     p.wait(); psutil.wait_procs(procs, timeout=10)
     assert not (run / "pretrain" / "manifest.json").exists()
     r = codellm("pretrain", "--run-dir", run, "--resume", "--set", *CFG)
