@@ -8,7 +8,8 @@ import argparse, json, os, subprocess, sys, time
 from pathlib import Path
 import numpy as np, torch
 from .core import Preset, get_logger, get_preset, parse_overrides, read_manifest, seed_everything, set_threads
-from .data import load_tokens
+from .measure import heldout_metrics, token_blocks
+from .tokenizer import load_tokens
 from .pretrain import batch_blocks, lr_at, model_config, param_groups
 
 # %% auto #0
@@ -63,13 +64,12 @@ def train_ddp(run_dir, cfg:Preset, method:str="none", rank_r:int=4, start_iter:i
     model.register_comm_hook(*comm_hook(method, rank_r, start_iter))
     opt = torch.optim.AdamW(param_groups(model.module, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
-    def batch(data, idx): return torch.from_numpy(np.stack([data[b * cfg.seq_len:(b + 1) * cfg.seq_len] for b in idx]).astype(np.int64)).to(dev)
     recs = []
     with meter:
         for step in range(cfg.steps):
             t0, sent0, loss_sum = time.perf_counter(), meter.bytes, 0.0
             for micro in range(cfg.grad_accum):
-                x = batch(train_tok, batch_blocks(step, micro, rank, cfg, n_blocks, world))
+                x = token_blocks(train_tok, batch_blocks(step, micro, rank, cfg, n_blocks, world), cfg.seq_len).to(dev)
                 if micro < cfg.grad_accum - 1:
                     with model.no_sync(): loss = model(input_ids=x, labels=x).loss; (loss / cfg.grad_accum).backward()
                 else: loss = model(input_ids=x, labels=x).loss; (loss / cfg.grad_accum).backward()
@@ -80,14 +80,14 @@ def train_ddp(run_dir, cfg:Preset, method:str="none", rank_r:int=4, start_iter:i
             mean = torch.tensor([loss_sum / cfg.grad_accum], device=dev); dist.all_reduce(mean)
             recs.append(dict(step=step + 1, loss=round(mean.item() / world, 5), sent_mb=round(sent / 2**20, 4),
                              tokens_per_s=round(cfg.batch_seqs * cfg.seq_len / (time.perf_counter() - t0), 1)))
-    model.eval()
-    with torch.no_grad():  # the same validation blocks for every method (a fixed slice, whole on every rank)
-        n = min(len(val_tok) // cfg.seq_len, 64)
-        v = np.mean([model.module(input_ids=x, labels=x).loss.item() for x in batch(val_tok, range(n)).split(cfg.micro_batch)])
-    dist.destroy_process_group()
+    h = heldout_metrics(model.module, val_tok, cfg.seq_len, tok, bs=cfg.micro_batch, rank=rank, world=world)  # same for every method
+    # gloo frees a finished collective's tensors in its worker thread, which needs the GIL; tearing the group down
+    # (which joins those threads while holding the GIL) right after one can deadlock, so let them finish first
+    dist.barrier(); time.sleep(0.1)
+    del model; dist.destroy_process_group()
     if rank: return None
-    res = dict(method=method, rank=rank_r if method == "powersgd" else None, world=world, steps=recs, val_loss=round(float(v), 5),
-               params=sum(p.numel() for p in model.module.parameters()))
+    res = dict(method=method, rank=rank_r if method == "powersgd" else None, world=world, steps=recs, val_loss=round(h["loss"], 5),
+               val_bpb=round(h["bits_per_byte"], 5), params=sum(p.numel() for p in net.parameters()))
     if out: Path(out).write_text(json.dumps(res))
     return res
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses, importlib.metadata, json, logging, os, platform, random, time
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
-import numpy as np, torch
+import numpy as np  # torch is imported where it is used: `codellm eval --samples` and the CLI start without it
 
 # %% auto #0
-__all__ = ['PRESETS', 'LANGS', 'STAGES', 'TORCH_DTYPES', 'Preset', 'get_preset', 'parse_overrides', 'stage_dir', 'versions',
-           'write_manifest', 'read_manifest', 'require_stage', 'read_jsonl', 'cpu_has_bf16', 'detect_device',
-           'resolve_precision', 'seed_everything', 'set_threads', 'get_logger', 'Timer']
+__all__ = ['PRESETS', 'LANGS', 'STAGES', 'Preset', 'get_preset', 'parse_overrides', 'stage_dir', 'versions', 'write_manifest',
+           'read_manifest', 'require_stage', 'read_jsonl', 'cpu_has_bf16', 'detect_device', 'resolve_precision',
+           'torch_dtype', 'seed_everything', 'set_threads', 'get_logger', 'Timer']
 
 # %% ../nbs/00_core.ipynb #3e5adc89
 @dataclass
@@ -53,7 +53,7 @@ class Preset:
     micro_batch: int = 4        # sequences per rank per forward pass
     nodes: int = 1
     ranks: int = 2              # processes per node
-    steps: int = 300
+    steps: int = 200
     lr: float = 3e-3
     warmup: int = 20
     min_lr_frac: float = 0.1    # cosine decays to lr * min_lr_frac
@@ -242,13 +242,15 @@ def read_jsonl(path, valid=lambda r: True, need:str="a JSON object", missing_hin
 
 # %% ../nbs/00_core.ipynb #8d6594b1
 def cpu_has_bf16() -> bool:
-    "Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX)."
+    "Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX); `CODELLM_CPU_BF16=0` makes it say no."
+    if os.environ.get("CODELLM_CPU_BF16", "").strip() in ("0", "1"): return os.environ["CODELLM_CPU_BF16"].strip() == "1"
     try: flags = Path("/proc/cpuinfo").read_text()
     except OSError: return False
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 def detect_device() -> dict:
     "What this process can compute on: kind (cuda/rocm/cpu), name, count and bf16 support."
+    import torch
     if torch.cuda.is_available():
         kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
         return dict(kind=kind, name=torch.cuda.get_device_name(0), count=torch.cuda.device_count(),
@@ -263,17 +265,22 @@ def resolve_precision(precision:str="auto", device:dict|None=None) -> str:
         raise ValueError("fp16 training needs a GPU; on a CPU use precision=bf16 (if supported) or fp32")
     return precision
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+def torch_dtype(precision:str):
+    "The torch dtype of `precision` (fp32, bf16 or fp16)."
+    import torch
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 # %% ../nbs/00_core.ipynb #6bcd77c1
 def seed_everything(seed:int=0):
     "Seed Python, NumPy and torch (all devices)."
+    import torch
     random.seed(seed); np.random.seed(seed); torch.manual_seed(seed)
 
 def set_threads(n:int|None=None) -> int:
     "Use `n` intra-op threads (default: `OMP_NUM_THREADS` or all cores) here and in child processes."
     n = n or int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1
     os.environ["OMP_NUM_THREADS"] = str(n)
+    import torch
     torch.set_num_threads(n)
     return n
 

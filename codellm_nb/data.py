@@ -20,8 +20,8 @@ from .sft import (SFT_INSTRUCTION, doctest_candidates, instruction_records, merg
                             preference_pairs, self_instruct, sft_prompt, sft_records, to_context_response, verify_records)
 
 # %% auto #0
-__all__ = ['STDLIB_SKIP', 'DOCS_VERSION', 'DATA_FIELDS', 'stdlib_files', 'read_source', 'collect_documents', 'heldout_metrics',
-           'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft', 'build_prefs',
+__all__ = ['STDLIB_SKIP', 'DOCS_VERSION', 'DATA_FIELDS', 'stdlib_files', 'read_source', 'collect_documents', 'fingerprint',
+           'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft', 'build_prefs',
            'shard_bytes_per_token', 'build_data']
 
 # %% ../nbs/01_data.ipynb #3640895b
@@ -52,18 +52,6 @@ def collect_documents(paths, root=None, max_bytes:int=100_000, license:str="PSF-
                          text=normalize(text)))
     counts["kept"] = len(docs)
     return docs, dict(counts)
-
-# %% ../nbs/01_data.ipynb #49d3a5fa
-def heldout_metrics(model, tokens:np.ndarray, tok, seq_len:int, max_blocks:int=64, bs:int=8) -> dict:
-    "Loss (nats/token), perplexity and bits per byte of `model` on up to `max_blocks` blocks of held-out `tokens`."
-    import torch
-    n = min(len(tokens) // seq_len, max_blocks)
-    if n == 0: raise ValueError(f"Need at least {seq_len} held-out tokens, got {len(tokens)}: raise val_frac or max_files")
-    x = torch.from_numpy(tokens[:n * seq_len].astype(np.int64)).view(n, seq_len)
-    with torch.no_grad(): nats = sum(model(input_ids=b, labels=b).loss.item() * len(b) * (seq_len - 1) for b in x.split(bs))
-    n_bytes = sum(len(tok.decode(b.tolist()).encode()) for b in x)
-    loss = nats / (n * (seq_len - 1))
-    return dict(loss=round(loss, 5), ppl=round(math.exp(loss), 4), bits_per_byte=round(nats / math.log(2) / n_bytes, 5))
 
 # %% ../nbs/01_data.ipynb #ddbaf250
 DOCS_VERSION = 2  # bump when `build_documents` writes something different for the same settings

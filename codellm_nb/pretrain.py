@@ -8,15 +8,16 @@ import argparse, dataclasses, json, math, os, random, re, shutil, subprocess, sy
 from functools import partial
 from pathlib import Path
 import numpy as np, torch
-from .core import (TORCH_DTYPES, Preset, Timer, detect_device, get_logger, get_preset, parse_overrides,
-                             read_manifest, resolve_precision, seed_everything, set_threads, stage_dir, write_manifest)
-from .data import load_tokens
-from .tokenizer import TokenLoader
+from .core import (Preset, Timer, detect_device, get_logger, get_preset, parse_overrides,
+                             read_manifest, resolve_precision, seed_everything, set_threads, stage_dir, torch_dtype,
+                             write_manifest)
+from .measure import heldout_metrics, machine_info, token_bytes
+from .tokenizer import TokenLoader, load_tokens
 
 # %% auto #0
 __all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'batch_blocks', 'rng_state', 'set_rng_state',
            'checkpoint_problem', 'find_checkpoint', 'save_checkpoint', 'flops_per_token', 'matmul_peak', 'param_groups',
-           'memory_mb', 'evaluate', 'mlflow_run', 'train', 'main', 'launch_pretrain']
+           'memory_mb', 'mlflow_run', 'train', 'main', 'launch_pretrain']
 
 # %% ../nbs/02_pretrain.ipynb #828334d0
 def model_config(cfg:Preset, tok=None, vocab_size:int|None=None):
@@ -159,24 +160,6 @@ def memory_mb() -> float:
     import psutil
     return round(psutil.Process().memory_info().rss / 2**20, 1)
 
-@torch.no_grad()
-def evaluate(engine, tokens:np.ndarray, cfg:Preset, rank:int, world:int, max_blocks:int=256) -> float:
-    "Mean validation loss (nats/token) over the blocks of `tokens`, shared across ranks."
-    import deepspeed.comm as dist
-    n = min(len(tokens) // cfg.seq_len, max_blocks) // world * world
-    if n == 0: raise ValueError("The validation split is shorter than one sequence: lower seq_len or raise val_frac")
-    mine = np.arange(rank, n, world)
-    engine.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=engine.device)
-    for i in range(0, len(mine), cfg.micro_batch):
-        x = np.stack([tokens[b * cfg.seq_len:(b + 1) * cfg.seq_len] for b in mine[i:i + cfg.micro_batch]])
-        x = torch.from_numpy(x.astype(np.int64)).to(engine.device)
-        total += torch.tensor([engine(input_ids=x, labels=x).loss.item() * len(x), len(x)], dtype=torch.float64,
-                              device=engine.device)
-    if world > 1: dist.all_reduce(total)
-    engine.train()
-    return (total[0] / total[1]).item()
-
 # %% ../nbs/02_pretrain.ipynb #6b2f1a74
 def _export_hf(engine, cfg:Preset, mcfg, tok, ckpt_dir:Path, tag:str, out:Path):
     "Consolidate the trained weights (fp32 master copy under ZeRO) into a Hugging Face folder."
@@ -246,8 +229,8 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     n_blocks = len(train_tok) // cfg.seq_len
     if n_blocks < cfg.batch_seqs:
         raise ValueError(f"Only {n_blocks} training sequences of {cfg.seq_len} tokens: use more data (max_files) or a smaller batch")
-    if len(val_tok) // cfg.seq_len < world:
-        raise ValueError(f"The validation split has {len(val_tok)} tokens, fewer than one sequence of {cfg.seq_len} per rank: "
+    if len(val_tok) < cfg.seq_len:
+        raise ValueError(f"The validation split has {len(val_tok)} tokens, fewer than one sequence of {cfg.seq_len}: "
                          "raise val_frac or max_files in the data stage, or lower seq_len")
     seed_everything(cfg.seed)
     mcfg, dsc = model_config(cfg, tok), ds_config(cfg, precision)
@@ -278,10 +261,9 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
         metrics = _metrics_file(out / "metrics.jsonl", start)
         tb = SummaryWriter(str(out / "tensorboard"), purge_step=start + 1 if start else None)  # `tensorboard --logdir runs`
         ml = mlflow_run(out, cfg, resume=bool(start))
-    peak = torch.tensor([matmul_peak(TORCH_DTYPES[precision], engine.device)], device=engine.device)
+    peak = torch.tensor([matmul_peak(torch_dtype(precision), engine.device)], device=engine.device)
     if world > 1: dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
-    fpt, tokens_per_step = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len
-    bytes_per_token = read_manifest(run_dir, "data")["stats"]["bytes_per_token"]
+    fpt, tokens_per_step, val_bytes = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len, token_bytes(tok)
     poisoned = {int(s) for s in os.environ.get("CODELLM_INJECT_NAN", "").split(",") if s.strip()}  # fault drill
     step, data_step, skipped, rewinds = start, loop["data_step"], set(loop["skipped"]), []
     state = dict(data_step=data_step, skipped=sorted(skipped), loader=loader.state_dict())  # saved with each checkpoint
@@ -325,8 +307,8 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
                    mfu=round(fpt * tokens_per_step / dt / peak.item(), 4), mem_mb=memory_mb())
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
-            v = evaluate(engine, val_tok, cfg, rank, world)
-            rec.update(val_loss=round(v, 5), val_ppl=round(math.exp(v), 3), val_bpb=round(v / math.log(2) / bytes_per_token, 4))
+            h = heldout_metrics(engine, val_tok, cfg.seq_len, val_bytes, bs=cfg.micro_batch, rank=rank, world=world)
+            rec.update(val_loss=round(h["loss"], 6), val_ppl=round(h["ppl"], 3), val_bpb=round(h["bits_per_byte"], 5))
         due = torch.tensor([int(bool(cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or
                                 bool(cfg.ckpt_minutes and time.perf_counter() - last_save >= 60 * cfg.ckpt_minutes))])
         if cfg.ckpt_minutes and world > 1: dist.broadcast(due, 0)  # clocks differ: rank 0 decides for all
@@ -351,16 +333,16 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
         if ml: ml.end_run()
         _export_hf(engine, cfg, mcfg, tok, ckpt_dir, tag, out / "hf")
         recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
-        val, bpt = recs[-1]["val_loss"], bytes_per_token
+        val = recs[-1]["val_loss"]
         result = dict(params=sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()),
                       precision=precision, world_size=world, zero_stage=cfg.zero_stage, steps=cfg.steps,
                       train_loss=recs[-1]["loss"], val_loss=val, val_ppl=round(math.exp(val), 3),
-                      val_bits_per_byte=round(val / math.log(2) / bpt, 4),
+                      val_bits_per_byte=recs[-1]["val_bpb"],
                       tokens_per_s=round(float(np.median([r["tokens_per_s"] for r in recs[1:] or recs])), 1),
                       mfu=round(float(np.median([r["mfu"] for r in recs[1:] or recs])), 4), peak_tflops=round(peak.item() / 1e12, 3),
                       max_mem_mb=max(r["mem_mb"] for r in recs), wall_s=round(wall, 1), tokens=cfg.steps * tokens_per_step,
                       resumed_from=start, rewinds=rewinds, skipped_batches=sorted(skipped))
-        write_manifest(run_dir, "pretrain", cfg, inputs={"data": str(data_dir)}, metrics=result, device=dev,
+        write_manifest(run_dir, "pretrain", cfg, inputs={"data": str(data_dir)}, metrics=result, device=dev, machine=machine_info(),
                        ds_config=dsc, checkpoint=str(ckpt_dir / tag))
         log.info(f"exported {out / 'hf'}")
     dist.barrier()
@@ -397,8 +379,8 @@ def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=F
          tqdm(total=cfg.steps, desc="pretrain", unit="step", leave=False) as bar:
         lines = []
         for line in p.stdout:
-            if line.startswith("@progress "):  # rank 0, once per step
-                _, done, _, loss = line.split(); bar.update(int(done) - bar.n); bar.set_postfix(loss=loss, refresh=False)
+            if (m := re.match(r"@progress (\d+) \d+ (\S+)$", line.strip())):  # rank 0, once per step
+                bar.update(int(m[1]) - bar.n); bar.set_postfix(loss=m[2], refresh=False)
                 continue
             lines.append(line)
             if re.search(r" (INFO|WARNING|ERROR) ", line) or "Error" in line: echo(line.rstrip())

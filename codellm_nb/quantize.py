@@ -8,7 +8,8 @@ import json, logging, math, shutil, time
 from pathlib import Path
 import numpy as np, torch
 from .core import Preset, Timer, get_logger, get_preset, read_manifest, seed_everything, stage_dir, write_manifest
-from .data import heldout_metrics, load_tokens
+from .measure import heldout_metrics
+from .tokenizer import load_tokens
 
 logging.getLogger("torchao").setLevel(logging.ERROR)  # it reports optional GPU kernels it cannot load on a CPU
 
@@ -57,7 +58,8 @@ def quantize(run_dir, cfg:Preset, src=None) -> dict:
     rows = []
     for name, path in (("fp32", src), ("int8", out / "int8")):
         m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        rows.append(dict(model=name, size_mb=folder_mb(path), val_ppl=heldout_metrics(m, val, tok, cfg.seq_len)["ppl"],
+        h = heldout_metrics(m, val, cfg.seq_len, tok)
+        rows.append(dict(model=name, size_mb=folder_mb(path), val_ppl=round(h["ppl"], 4), val_bpb=round(h["bits_per_byte"], 5),
                          decode_tokens_per_s=decode_speed(m, prompt)))
     base = rows[0]
     for r in rows: r.update(size_ratio=round(r["size_mb"] / base["size_mb"], 3), ppl_ratio=round(r["val_ppl"] / base["val_ppl"], 4),

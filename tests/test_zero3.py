@@ -48,10 +48,22 @@ def test_indivisible_batch_is_explained(data_run, tmp_path):
     r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", "batch_seqs=12", "micro_batch=4")
     assert r.returncode == 2 and "not divisible" in r.stderr
 
+def test_export_reproduces_the_logged_validation_loss(two_ranks):
+    "The exported fp32 model, scored in one process, gives the loss two ZeRO-3 ranks logged, to 1e-5."
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from codellm_nb.measure import heldout_metrics
+    from codellm_nb.tokenizer import load_tokens
+    m = json.loads((two_ranks / "pretrain" / "manifest.json").read_text())["metrics"]
+    model = AutoModelForCausalLM.from_pretrained(two_ranks / "pretrain" / "hf", dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(two_ranks / "pretrain" / "hf")
+    h = heldout_metrics(model, load_tokens(two_ranks / "data", "val"), 64, tok, bs=3)  # other batches than training's
+    assert m["precision"] == "fp32" and abs(h["loss"] - m["val_loss"]) <= 1e-5 * m["val_loss"], (h, m)
+    assert abs(h["bits_per_byte"] - m["val_bits_per_byte"]) <= 1e-4 * m["val_bits_per_byte"], (h, m)
+
 def test_too_little_validation_data_fails_before_training(data_run, tmp_path):
     (tmp_path / "data").symlink_to(data_run / "data")
     s = json.loads((data_run / "data" / "stats.json").read_text())
-    seq = s["val_tokens"] // 2 + 1  # one validation sequence for two ranks, while training has plenty
+    seq = s["val_tokens"] + 1  # not one validation sequence, while training has plenty
     assert s["train_tokens"] // seq >= 16, s
     r = codellm("pretrain", "--run-dir", tmp_path, "--set", *COMMON, "ranks=2", f"seq_len={seq}", f"context={seq}")
     assert r.returncode == 2 and "validation split has" in r.stderr and "raise val_frac" in r.stderr
