@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv pipeline test export clean docs
+.PHONY: venv sandbox pipeline test export clean docs
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,17 @@ $(BIN)/.installed: settings.ini setup.py
 
 venv: $(BIN)/.installed
 
-pipeline: venv
+# The evaluation sandbox mounts a private file system with bubblewrap (Debian/Ubuntu: bubblewrap); prlimit and
+# setpriv come with util-linux. As root they are installed here; otherwise the sandbox says what it lacks.
+sandbox:
+	@command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)
+	@command -v bwrap >/dev/null || echo "note: bubblewrap (bwrap) is not installed: samples run without a private file system"
+
+pipeline: venv sandbox
 	$(BIN)/codellm pipeline --preset $(PRESET) --run-dir $(RUN)
 
-test: venv
+test: venv sandbox
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
 
 export: venv

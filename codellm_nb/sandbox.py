@@ -4,15 +4,16 @@
 
 # %% ../nbs/00a_sandbox.ipynb #9777a056
 from __future__ import annotations
-import ctypes, itertools, math, os, queue, resource, secrets, shutil, signal, subprocess, sys, tempfile, threading, time
+import ctypes, fcntl, math, os, resource, secrets, shutil, signal, site, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CLONE_NEWNET', 'SANDBOX_UID_BASE', 'HOSTILE', 'capabilities', 'run_program']
+__all__ = ['CLONE_NEWNET', 'SANDBOX_UID_BASE', 'SANDBOX_UIDS', 'HOSTILE', 'bwrap_argv', 'capabilities', 'run_program']
 
 # %% ../nbs/00a_sandbox.ipynb #342188f7
 CLONE_NEWNET = 0x40000000
-SANDBOX_UID_BASE = 61000  # samples run as uid/gid 61000, 61001, ... (one per concurrent worker; no passwd entry needed)
+SANDBOX_UID_BASE = 61000  # samples run as uid/gid 61000, 61001, ... (one per running sample; no passwd entry needed)
+SANDBOX_UIDS = range(SANDBOX_UID_BASE, SANDBOX_UID_BASE + 256)
 
 def _can_unshare_net() -> bool:
     "Whether this process may create network namespaces (probed once in a throwaway child)."
@@ -21,39 +22,88 @@ def _can_unshare_net() -> bool:
     if pid == 0: os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0 else 1)
     return os.waitpid(pid, 0)[1] == 0
 
-def _runs_as(exe:str, uid:int) -> bool:
-    "Whether user `uid` can run the interpreter `exe` (it may live under a home directory others cannot enter)."
+def _runs_as(cmd:list, uid:int|None) -> bool:
+    "Whether `cmd` exits cleanly when run as user `uid` (None: as this user)."
     def drop(): os.setgroups([]); os.setgid(uid); os.setuid(uid)
-    try: return subprocess.run([exe, "-I", "-c", "pass"], preexec_fn=drop, capture_output=True, timeout=30, cwd="/").returncode == 0
+    try: return subprocess.run(cmd, preexec_fn=drop if uid is not None else None, capture_output=True, timeout=30,
+                               cwd="/").returncode == 0
     except (OSError, subprocess.SubprocessError): return False
 
 def _sandbox_python() -> str|None:
-    "An interpreter of this Python version that the sandbox users can run (this one, or the system's)."
+    "An interpreter of this Python version that the sandbox users can run without a private file system."
     same = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for exe in dict.fromkeys([sys.executable, os.path.realpath(sys.executable), f"/usr/bin/{same}", f"/usr/local/bin/{same}"]):
-        if Path(exe).exists() and _runs_as(exe, SANDBOX_UID_BASE): return exe
+        if Path(exe).exists() and _runs_as([exe, "-I", "-c", "pass"], SANDBOX_UID_BASE): return exe
     return None
+
+# %% ../nbs/00a_sandbox.ipynb #b1a2c3d5
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "passwd", "group")
+
+def _python_dirs() -> list[str]:
+    "The folders the interpreter and its packages live in (deduplicated, outermost first)."
+    dirs = sorted({os.path.realpath(d) for d in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))} |
+                  {os.path.abspath(sys.prefix)})  # the venv as it is named, too (its interpreter is run by that path)
+    return [d for i, d in enumerate(dirs) if not any(d.startswith(o + os.sep) for o in dirs[:i])]
+
+def bwrap_argv(uid:int|None, disk_mb:int=64) -> list[str]:
+    "`bwrap` arguments (up to the command) for a sample: fresh namespaces, a read-only OS and Python, private tmpfs."
+    a = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+         "--die-with-parent", "--new-session", "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+    if uid is None: a += ["--unshare-user"]
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d): a += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d): a += ["--ro-bind", d, d]
+    for f in _ETC: a += ["--ro-bind-try", f"/etc/{f}", f"/etc/{f}"]
+    made = {"/", "/usr"}
+    for d in _python_dirs():
+        if d == "/usr" or d.startswith("/usr/"): continue
+        parts = Path(d).parts
+        for i in range(2, len(parts)):  # make each parent traversable (a venv under /root, say)
+            parent = str(Path(*parts[:i]))
+            if parent not in made: a += ["--perms", "0755", "--dir", parent]; made.add(parent)
+        a += ["--ro-bind", d, d]
+    size = str(disk_mb << 20)
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/sandbox"):
+        a += ["--perms", "01777", "--size", size, "--tmpfs", d]
+    return a + ["--chdir", "/sandbox"]
+
+def _drop_to(uid:int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+            "--bounding-set=-all", "--"]
 
 _CAPS = None
 def capabilities() -> dict:
-    "What isolation this machine allows: a user per sample and a private network namespace (both need root)."
+    "What isolation this machine allows: a private file system (bwrap), a user per sample and no network (root)."
     global _CAPS
     if _CAPS is None:
-        exe = _sandbox_python() if os.geteuid() == 0 else None
-        _CAPS = dict(own_user=exe is not None, no_network=_can_unshare_net(), python=exe or sys.executable)
+        root, me = os.geteuid() == 0, os.path.abspath(sys.executable)  # no `..` in it: only the venv is mounted
+        uid = SANDBOX_UID_BASE if root else None
+        missing = [t for t in ("bwrap", "prlimit", "setpriv") if not shutil.which(t)]
+        private = not missing and _runs_as(bwrap_argv(uid) + (_drop_to(uid) if root else []) + [me, "-I", "-S", "-c", "pass"], None)
+        exe = me if private else (_sandbox_python() if root else None)
+        _CAPS = dict(private_fs=private, own_user=root and exe is not None, no_network=private or _can_unshare_net(),
+                     python=exe or me)
+        if not private: _CAPS["why_not_private"] = f"missing {', '.join(missing)}" if missing else "bwrap failed to start"
     return _CAPS
 
 # %% ../nbs/00a_sandbox.ipynb #b8f5d63c
-def _child_setup(uid:int|None, cpu_s:int, mem_mb:int, fsize_mb:int, nproc:int, no_network:bool):
-    "The `preexec_fn` of a sandboxed child."
+def _limits(uid:int|None, cpu_s:int, mem_mb:int, disk_mb:int, nproc:int) -> dict:
+    "The resource limits of a sample (the process count only where it has a user of its own: it counts threads too)."
+    lim = {resource.RLIMIT_CPU: cpu_s, resource.RLIMIT_AS: mem_mb << 20, resource.RLIMIT_FSIZE: disk_mb << 20, resource.RLIMIT_CORE: 0}
+    return lim | ({resource.RLIMIT_NPROC: nproc} if uid is not None else {})
+
+def _prlimit_argv(limits:dict) -> list[str]:
+    "`prlimit` arguments applying `limits` to the command that follows (no `preexec_fn`: the child can be `vfork`ed)."
+    names = {resource.RLIMIT_CPU: "cpu", resource.RLIMIT_AS: "as", resource.RLIMIT_FSIZE: "fsize", resource.RLIMIT_CORE: "core",
+             resource.RLIMIT_NPROC: "nproc"}
+    return ["prlimit"] + [f"--{names[k]}={v}" for k, v in limits.items()] + ["--"]
+
+def _child_setup(uid:int|None, limits:dict, no_network:bool):
+    "The `preexec_fn` of a sandboxed child when there is no `bwrap`: network, limits, then its own user."
     def apply():
         if no_network and ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0: os._exit(125)
-        for lim, v in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_mb << 20), (resource.RLIMIT_FSIZE, fsize_mb << 20),
-                       (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(lim, (v, v))
-        if uid is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            os.setgroups([]); os.setgid(uid); os.setuid(uid)
+        for k, v in limits.items(): resource.setrlimit(k, (v, v))
+        if uid is not None: os.setgroups([]); os.setgid(uid); os.setuid(uid)
     return apply
 
 def _user_pids(uid:int) -> list[int]:
@@ -80,43 +130,74 @@ def _kill_user(uid:int, patience:float=5.0):
         time.sleep(0.01)
 
 # %% ../nbs/00a_sandbox.ipynb #1da8bdb5
-_uids = queue.Queue()
-for _i in range(64): _uids.put(SANDBOX_UID_BASE + _i)
+def _claim_uid() -> tuple[int, int]:
+    "A sandbox user no other running sample has — in this process or any other — and the lock that holds it."
+    locks = Path(tempfile.gettempdir()) / "codellm-sandbox-uids"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    while True:
+        for uid in SANDBOX_UIDS:
+            fd = os.open(locks / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); return uid, fd
+            except BlockingIOError: os.close(fd)
+        time.sleep(0.01)
 
-def run_program(program:str, timeout:float=5.0, mem_mb:int=1024, fsize_mb:int=16, nproc:int=1,
-                max_output:int=4000) -> dict:
+def _tail(stream, limit:int, out:list):
+    "Read `stream` to its end, keeping only the last `limit` bytes (run in a thread)."
+    buf = bytearray()
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        buf += chunk
+        if len(buf) > 2 * limit: del buf[:-limit]
+    out.append(bytes(buf[-limit:]))
+
+def _kill_group(p):
+    if p.returncode is None:
+        try: os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+
+def run_program(program:str,       # Python source, run as a script
+                timeout:float=3.0, # seconds of wall time from its first statement
+                mem_mb:int=4096,   # address-space limit
+                nproc:int=16,      # processes and threads its user may have
+                disk_mb:int=64,    # size of each private tmpfs (its directory, /tmp, /var/tmp, /dev/shm)
+                max_output:int=4000) -> dict: # bytes kept of the end of stdout and of stderr
     "Run `program` in a sandboxed Python process: `{passed, result, stdout, stderr}`."
     caps, token = capabilities(), secrets.token_hex(16)
-    uid = _uids.get() if caps["own_user"] else None
-    host_tmp = tempfile.mkdtemp(prefix="sandbox-")
+    uid, lock = _claim_uid() if caps["own_user"] else (None, None)
+    host_tmp = None if caps["private_fs"] else tempfile.mkdtemp(prefix="sandbox-")
     try:
-        work = Path(host_tmp) / "work"; work.mkdir()
-        if uid is not None: os.chown(work, uid, uid); os.chmod(host_tmp, 0o711)
-        with open(Path(host_tmp) / "out", "w+b") as out, open(Path(host_tmp) / "err", "w+b") as err:
-            p = subprocess.Popen([caps["python"], "-I", "-S", "-"], cwd=work, env={"PATH": "/usr/bin:/bin", "HOME": str(work)},
-                                 stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True,
-                                 preexec_fn=_child_setup(uid, math.ceil(timeout), mem_mb, fsize_mb, nproc, caps["no_network"]))
-            status = None
-            try: p.communicate((program + f"\nprint({token!r}, flush=True)\n").encode(), timeout=timeout)
-            except (subprocess.TimeoutExpired, BrokenPipeError):
-                status = "timed out" if p.poll() is None else None
-                try: os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError: pass
-                p.wait()
-            if uid is not None: _kill_user(uid)
-            if p.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and status is None: status = "timed out"
-            if p.returncode == 125: raise RuntimeError("The sandbox could not isolate the network (unshare failed)")
-            tails = []
-            for f in (out, err):
-                f.seek(0, os.SEEK_END); f.seek(max(0, f.tell() - max_output)); tails.append(f.read().decode(errors="replace"))
+        limits = _limits(uid, math.ceil((timeout + 1) * (os.cpu_count() or 1)), mem_mb, disk_mb, nproc)
+        if caps["private_fs"]:
+            cmd, cwd, pre = _prlimit_argv(limits) + bwrap_argv(uid, disk_mb) + (_drop_to(uid) if uid is not None else []), "/", None
+            paths = [d for d in site.getsitepackages() if os.path.isdir(d)]  # `-S` starts faster; packages stay importable
+        else:
+            cmd, cwd, paths, pre = [], Path(host_tmp), [], _child_setup(uid, limits, caps["no_network"])
+            if uid is not None: os.chown(cwd, uid, uid)
+        cmd += [caps["python"], "-I", "-S", "-"]
+        head = f"import signal, sys; sys.path += {paths!r}; signal.setitimer(signal.ITIMER_REAL, {timeout})\n"
+        p = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={"PATH": "/usr/bin:/bin", "HOME": "/sandbox" if caps["private_fs"] else str(cwd),
+                                  "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}, start_new_session=True, preexec_fn=pre)
+        tails = [[], []]
+        readers = [threading.Thread(target=_tail, args=(s, max_output, t), daemon=True) for s, t in zip((p.stdout, p.stderr), tails)]
+        for r in readers: r.start()
+        try: p.stdin.write((head + program + f"\nprint({token!r}, flush=True)\n").encode()); p.stdin.close()
+        except BrokenPipeError: pass
+        killer = threading.Timer(timeout + 1, _kill_group, (p,)); killer.start()  # bwrap's namespace dies with it
+        p.wait(); killer.cancel()  # a blocking wait returns the moment it ends (a timed one polls)
+        if uid is not None and not caps["private_fs"]: _kill_user(uid)
+        for r in readers: r.join(5)
+        if p.returncode == 125 and not caps["private_fs"]: raise RuntimeError("The sandbox could not isolate the network (unshare failed)")
+        out, err = (t[0].decode(errors="replace") if t else "" for t in tails)
     finally:
-        shutil.rmtree(host_tmp, ignore_errors=True)
-        if uid is not None: _uids.put(uid)
-    passed = status is None and p.returncode == 0 and tails[0].rstrip().endswith(token)
-    if status is None:
-        last = (tails[1].strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-        status = "passed" if passed else f"failed: {last}"
-    return dict(passed=passed, result=status, stdout=tails[0].replace(token, "<token>"), stderr=tails[1])
+        if host_tmp: shutil.rmtree(host_tmp, ignore_errors=True)
+        if lock is not None: os.close(lock)  # closing releases the flock
+    rc = p.returncode
+    if caps["private_fs"] and rc > 128: rc = 128 - rc  # bwrap reports a signal-killed child as 128 + signal
+    passed = rc == 0 and out.rstrip().endswith(token)
+    if passed: status = "passed"
+    elif rc in (-signal.SIGALRM, -signal.SIGXCPU, -signal.SIGKILL): status = "timed out"
+    else: status = "failed: " + (err.strip().splitlines() or [f"exit status {rc}"])[-1]
+    return dict(passed=passed, result=status, stdout=out.replace(token, "<token>"), stderr=err)
 
 # %% ../nbs/00a_sandbox.ipynb #0da54850
 HOSTILE = {

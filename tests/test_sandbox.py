@@ -1,15 +1,17 @@
 """The hostile battery: each program attacks the host or the harness; each must be contained.
 
 Contained means: it does not pass, the run finishes promptly, and the host is as it was (its files, its processes,
-its network services). The checks that need root (a user per sample, a private network namespace) are skipped
-without it."""
+its network services). The checks that need root (a user per sample, a private network namespace, the private file
+system, which `make test` installs bubblewrap for) are skipped only where the tests do not run as root."""
 import os, socket, sys, threading, time
 from pathlib import Path
 import psutil, pytest
-from codellm_nb.sandbox import HOSTILE, SANDBOX_UID_BASE, capabilities, run_program
+from codellm_nb.sandbox import HOSTILE, SANDBOX_UIDS, capabilities, run_program
 from codellm_nb.evaluate import check_samples, load_problems, official_verdicts
 
 root_only = pytest.mark.skipif(not capabilities()["own_user"], reason="needs root for a user per sample")
+private_fs = pytest.mark.skipif(os.geteuid() != 0 and not capabilities()["private_fs"],
+                                reason="needs bubblewrap (as root it is required: `make test` installs it)")
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program_never_passes(name):
@@ -21,7 +23,7 @@ def test_hostile_program_never_passes(name):
 def sandbox_processes():
     "Live processes of the sandbox users (killed ones may linger as zombies until init reaps them: they hold nothing)."
     return [(p.pid, p.info["status"]) for p in psutil.process_iter(["uids", "status"])
-            if p.info["uids"] and SANDBOX_UID_BASE <= p.info["uids"].real < SANDBOX_UID_BASE + 64
+            if p.info["uids"] and p.info["uids"].real in SANDBOX_UIDS
             and p.info["status"] != psutil.STATUS_ZOMBIE]
 
 @root_only
@@ -32,9 +34,14 @@ def test_fork_bomb_leaves_no_process():
     assert not r["passed"] and sandbox_processes() == []
 
 @root_only
-def test_no_new_processes():
+def test_process_limit():
+    "`nproc` bounds processes and threads together; within it, threads and children work."
     for prog in ("import os; os.fork()", "import subprocess; subprocess.run(['true'])"):
-        assert "BlockingIOError" in run_program(prog)["result"]
+        assert "BlockingIOError" in run_program(prog, nproc=1)["result"]
+    assert run_program("import subprocess; subprocess.run(['true'], check=True)")["passed"]
+    many = "import threading\nts = [threading.Thread(target=__import__('time').sleep, args=(0.5,)) for _ in range(30)]\n[t.start() for t in ts]"
+    assert "can't start new thread" in run_program(many, nproc=16)["result"]
+    assert run_program(many, nproc=64)["passed"]
 
 @root_only
 def test_escaped_children_are_killed():
@@ -56,7 +63,50 @@ def test_host_files_untouched(tmp_path):
 def test_writes_in_its_own_directory_are_allowed_and_removed():
     r = run_program("open('scratch.txt', 'w').write('x'); import os; print(os.getcwd())")
     assert r["passed"]
-    assert not Path(r["stdout"].split()[0]).exists()
+    assert not Path(r["stdout"].split()[0], "scratch.txt").exists()
+
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+
+@private_fs
+@pytest.mark.parametrize("where", WORLD_WRITABLE)
+def test_world_writable_places_keep_the_hosts_files(where):
+    "Creating, changing and deleting in /tmp, /var/tmp and /dev/shm: the sample may, the host sees none of it."
+    name = f"codellm-sandbox-test-{os.getpid()}"
+    existing = Path(where, name + "-existing"); existing.write_text("precious"); os.chmod(existing, 0o666)
+    shared = Path(where, name + "-dir"); shared.mkdir(exist_ok=True); os.chmod(shared, 0o777)  # no sticky bit
+    victim = shared / "victim.txt"; victim.write_text("precious"); os.chmod(victim, 0o666)
+    try:
+        prog = (f"import os\nopen({str(Path(where, name + '-new'))!r}, 'w').write('x')\n"
+                f"print(os.path.exists({str(existing)!r}), os.path.exists({str(victim)!r}))\n"
+                f"open({str(existing)!r}, 'w').write('changed')\n")
+        r = run_program(prog)
+        assert r["passed"] and r["stdout"].startswith("False False"), r  # its own empty tmpfs: the host's files are not there
+        r = run_program(f"import os; os.remove({str(victim)!r})")
+        assert not r["passed"] and "FileNotFoundError" in r["result"]
+        assert not Path(where, name + "-new").exists()
+        assert existing.read_text() == "precious" and victim.read_text() == "precious"
+    finally:
+        existing.unlink(missing_ok=True); victim.unlink(missing_ok=True); shared.rmdir()
+
+@private_fs
+def test_cannot_read_project_run_directory_or_home(tmp_path):
+    "World-readable files of the project, a run directory and the home folder are not even visible."
+    run = tmp_path / "runs" / "r"; run.mkdir(parents=True); secret = run / "token.txt"; secret.write_text("hunter2")
+    for d in (tmp_path, tmp_path / "runs", run): os.chmod(d, 0o755)
+    os.chmod(secret, 0o644)
+    home_file = next((p for p in (Path.home() / ".bashrc", Path.home() / ".profile") if p.exists()), None)
+    targets = [secret, Path(__file__).resolve().parent.parent / "settings.ini"] + ([home_file] if home_file else [])
+    for t in targets:
+        r = run_program(f"print(open({str(t)!r}).read())")
+        assert not r["passed"] and "FileNotFoundError" in r["result"] and "hunter2" not in r["stdout"], (t, r)
+
+@private_fs
+def test_installed_packages_import_but_cannot_be_changed():
+    import numpy
+    r = run_program("import numpy; print(numpy.__file__)")
+    assert r["passed"] and r["stdout"].split()[0] == numpy.__file__
+    r = run_program(f"open({numpy.__file__!r}, 'a').write('# tampered')")
+    assert not r["passed"] and ("Read-only file system" in r["result"] or "PermissionError" in r["result"])
 
 def test_environment_is_scrubbed(monkeypatch):
     monkeypatch.setenv("CODELLM_SECRET_TOKEN", "hunter2")
@@ -106,3 +156,15 @@ def test_evaluator_finishes_a_batch_of_attacks():
     checked = check_samples(samples, probs, workers=2, timeout=3)
     assert len(checked) == len(samples) and not any(s["passed"] for s in checked)
     assert time.perf_counter() - t0 < 120
+
+@root_only
+def test_each_running_sample_has_a_user_of_its_own_across_processes():
+    "Two evaluators at once (a notebook and a test run) never hand out the same sandbox user."
+    import subprocess
+    from codellm_nb.sandbox import _claim_uid
+    uid, lock = _claim_uid()
+    try:
+        code = "from codellm_nb.sandbox import run_program; print(run_program('import os; print(os.getuid())')['stdout'].split()[0])"
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert other.returncode == 0 and int(other.stdout.split()[-1]) in SANDBOX_UIDS and int(other.stdout.split()[-1]) != uid
+    finally: os.close(lock)
