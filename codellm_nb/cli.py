@@ -155,6 +155,7 @@ def parser() -> argparse.ArgumentParser:
         if name == "eval":
             p.add_argument("--base-url", default=None, help="evaluate this OpenAI-compatible endpoint")
             p.add_argument("--samples", default=None, help="only score this HumanEval samples JSONL file")
+            p.add_argument("--workers", type=int, default=2, help="samples executed at a time (with --samples)")
         if name == "pipeline": p.add_argument("--stages", nargs="*", default=None, help=f"subset of: {' '.join(STAGES)}")
     return ap
 
@@ -172,7 +173,7 @@ def main(argv=None):
         elif args.command == "report": print(write_report(run_dir).read_text())
         elif args.command == "eval" and args.samples:
             from codellm_nb.evaluate import score_file
-            print(json.dumps(score_file(args.samples), indent=2))
+            print(json.dumps(score_file(args.samples, workers=args.workers), indent=2))
         else:
             kw = {k: getattr(args, k) for k in ("resume", "model", "host", "port", "api_key", "base_url", "node_rank",
                                                 "master_addr", "master_port") if hasattr(args, k)}

