@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np, torch
 
 from codellm_nb.core import get_preset, set_threads
-from codellm_nb.data import build_data, load_tokens
+from codellm_nb.data import build_data
+from codellm_nb.measure import save_result, token_blocks
+from codellm_nb.tokenizer import load_tokens
 
 def bare_loop(run_dir, cfg, steps):
     "The textbook loop: forward, backward, clip, AdamW step; tokens/s per step."
@@ -27,7 +29,7 @@ def bare_loop(run_dir, cfg, steps):
         t0 = time.perf_counter()
         for micro in range(cfg.grad_accum):
             idx = batch_blocks(step, micro, 0, cfg, n_blocks, 1)
-            x = torch.from_numpy(np.stack([data[b * cfg.seq_len:(b + 1) * cfg.seq_len] for b in idx]).astype(np.int64))
+            x = token_blocks(data, idx, cfg.seq_len)
             (model(input_ids=x, labels=x).loss / cfg.grad_accum).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
@@ -62,10 +64,14 @@ def main():
                bare_tokens_per_s=round(statistics.median(bare), 1), mfu=round(statistics.median(r["mfu"] for r in recs), 4),
                peak_tflops=ours["peak_tflops"])
     res["ratio"] = round(res["ours_tokens_per_s"] / res["bare_tokens_per_s"], 3)
+    shape = " ".join(args.set) or "the preset's shape"
+    res["headline"] = dict(metric=f"training tokens/s, DeepSpeed step / bare PyTorch loop ({args.preset}, {shape}, {args.precision}); "
+                                  f"MFU {res['mfu']}", value=res["ratio"], target=">= 0.95")
     print("| loop | median tokens/s |\n|---|---|")
     print(f"| codellm_nb (DeepSpeed engine) | {res['ours_tokens_per_s']} |\n| bare PyTorch | {res['bare_tokens_per_s']} |")
     print(f"ratio {res['ratio']} (target >= 0.95); MFU {res['mfu']} of a measured {res['peak_tflops']} TFLOP/s peak")
-    Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
-    Path(__file__).parent.joinpath("results", f"pretrain_{args.preset}_{args.precision}.json").write_text(json.dumps(res, indent=2))
+    shape = "_".join(a.replace("=", "") for a in args.set)
+    save_result(Path(__file__).parent / "results" / f"pretrain_{args.preset}_{args.precision}{'_' + shape if shape else ''}.json",
+                dict(res, overrides=args.set))
 
 if __name__ == "__main__": main()

@@ -6,17 +6,21 @@ code-aware BPE tokenizer (trained on a sample of it) tokenizes them in three way
 - `encode_batch`: `tokenizers.Tokenizer.encode_batch` on the list of texts, ids read out of each encoding (the
   least any user of the ids must do);
 - `encode_batch_fast`: the same without computing character offsets;
+(both with the Rust tokenizer's own threads on all cores, its fastest setting, unless TOKENIZERS_PARALLELISM says otherwise)
 - `pack_shards` with `num_proc` 1 and 2: the whole packing path (`datasets.map`, Arrow, the window, the split, the
   memory-mapped files, `index.json`) into a fresh folder each time, window open so every document is kept.
 
-The figure is the ratio of median throughputs (ours / `encode_batch`); target >= 0.8. The ratio to `encode_batch_fast`
-(what `pack_shards` calls inside) is printed too: it is the cost of everything around the tokenizer."""
+The figure is the ratio of median throughputs against the *fastest* raw call, `encode_batch_fast` — the one
+`pack_shards` itself makes, so the ratio is the cost of everything around the tokenizer; target >= 0.8. The ratio to
+`encode_batch` is printed too."""
 import os, sys
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # the raw calls' fastest setting: all cores (Rayon threads)
 import argparse, json, statistics, sysconfig, tempfile, time
 from pathlib import Path
 
 from datasets import Dataset, disable_progress_bars
 from codellm_nb.data import collect_documents, stdlib_files
+from codellm_nb.measure import save_result
 from codellm_nb.tokenizer import pack_shards, train_tokenizer
 
 def main():
@@ -49,17 +53,19 @@ def main():
     res = {k: dict(seconds=round(statistics.median(v), 3), mb_per_s=round(n_bytes / statistics.median(v) / 1e6, 2),
                    tokens_per_s=round(n_tokens / statistics.median(v))) for k, v in runs.items()}
     for v in res.values():
-        v["ratio"] = round(v["mb_per_s"] / res["encode_batch"]["mb_per_s"], 3)
-        v["ratio_vs_fast"] = round(v["mb_per_s"] / res["encode_batch_fast"]["mb_per_s"], 3)
-    out = dict(docs=len(texts), bytes=n_bytes, tokens=n_tokens, vocab=len(tok), repeats=args.repeats, cores=os.cpu_count(),
+        v["ratio"] = round(v["mb_per_s"] / res["encode_batch_fast"]["mb_per_s"], 3)
+        v["ratio_vs_encode_batch"] = round(v["mb_per_s"] / res["encode_batch"]["mb_per_s"], 3)
+    r1, r2 = res["pack_shards num_proc=1"]["ratio"], res["pack_shards num_proc=2"]["ratio"]
+    out = dict(headline=dict(metric=f"tokenization MB/s, pack_shards with num_proc=2 (the data stage on 2 cores) "
+                                    f"/ encode_batch_fast on all cores ({r1} with num_proc=1)", value=r2, target=">= 0.8"),
+               docs=len(texts), bytes=n_bytes, tokens=n_tokens, vocab=len(tok), repeats=args.repeats, cores=os.cpu_count(),
                tokenizers_parallelism=os.environ.get("TOKENIZERS_PARALLELISM", "default"), results=res)
     print(f"{len(texts)} documents, {n_bytes / 1e6:.1f} MB, {n_tokens:,} tokens, vocab {len(tok)}, {os.cpu_count()} cores, "
           f"median of {args.repeats}")
-    print("| path | seconds | MB/s | tokens/s | vs encode_batch | vs encode_batch_fast |\n|---|---|---|---|---|---|")
+    print("| path | seconds | MB/s | tokens/s | vs encode_batch_fast | vs encode_batch |\n|---|---|---|---|---|---|")
     for k, v in res.items():
-        print(f"| {k} | {v['seconds']} | {v['mb_per_s']} | {v['tokens_per_s']:,} | {v['ratio']} | {v['ratio_vs_fast']} |")
-    print("target: pack_shards >= 0.8x encode_batch")
-    Path(__file__).parent.joinpath("results").mkdir(exist_ok=True)
-    Path(__file__).parent.joinpath("results", "tokenize.json").write_text(json.dumps(out, indent=2))
+        print(f"| {k} | {v['seconds']} | {v['mb_per_s']} | {v['tokens_per_s']:,} | {v['ratio']} | {v['ratio_vs_encode_batch']} |")
+    print("target: pack_shards >= 0.8x encode_batch_fast")
+    save_result(Path(__file__).parent / "results" / "tokenization.json", out)
 
 if __name__ == "__main__": main()
