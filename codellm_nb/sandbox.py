@@ -54,7 +54,9 @@ def bwrap_argv(uid:int|None, disk_mb:int=64) -> list[str]:
         if os.path.islink(d): a += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d): a += ["--ro-bind", d, d]
     for f in _ETC: a += ["--ro-bind-try", f"/etc/{f}", f"/etc/{f}"]
-    made = {"/", "/usr"}
+    size, made = str(disk_mb << 20), {"/", "/usr", "/tmp", "/var/tmp", "/dev/shm", "/sandbox"}
+    for d in ("/tmp", "/var/tmp", "/dev/shm", "/sandbox"):  # before the interpreter: a venv may live in /tmp
+        a += ["--perms", "01777", "--size", size, "--tmpfs", d]
     for d in _python_dirs():
         if d == "/usr" or d.startswith("/usr/"): continue
         parts = Path(d).parts
@@ -62,9 +64,6 @@ def bwrap_argv(uid:int|None, disk_mb:int=64) -> list[str]:
             parent = str(Path(*parts[:i]))
             if parent not in made: a += ["--perms", "0755", "--dir", parent]; made.add(parent)
         a += ["--ro-bind", d, d]
-    size = str(disk_mb << 20)
-    for d in ("/tmp", "/var/tmp", "/dev/shm", "/sandbox"):
-        a += ["--perms", "01777", "--size", size, "--tmpfs", d]
     return a + ["--chdir", "/sandbox"]
 
 def _drop_to(uid:int) -> list[str]:
@@ -106,18 +105,22 @@ def _child_setup(uid:int|None, limits:dict, no_network:bool):
         if uid is not None: os.setgroups([]); os.setgid(uid); os.setuid(uid)
     return apply
 
-def _user_pids(uid:int) -> list[int]:
-    "Live (not zombie) processes whose real user is `uid`."
+def _user_pids(uid:int) -> tuple[list[int], list[int]]:
+    "The live and the zombie processes whose real user is `uid`."
     import psutil
-    out = []
+    live, dead = [], []
     for p in psutil.process_iter(["uids", "status"]):
-        if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE: out.append(p.pid)
-    return out
+        if p.info["uids"] and p.info["uids"].real == uid: (dead if p.info["status"] == psutil.STATUS_ZOMBIE else live).append(p.pid)
+    return live, dead
 
 def _kill_user(uid:int, patience:float=5.0):
-    "Kill every process of `uid` — a fork bomb's children escape the process group; they do not escape this."
+    """Kill every process of `uid` — a fork bomb's children escape the process group; they do not escape this — and wait
+    until init has reaped them: zombies still count against the next sample's process limit, which would fail to start."""
     deadline = time.time() + patience
-    while _user_pids(uid):  # usually none are left, and a look costs less than a fork of this process
+    while any(pids := _user_pids(uid)):  # usually none are left, and a look costs less than a fork of this process
+        if not pids[0]:
+            if time.time() > deadline: return
+            time.sleep(0.05); continue
         pid = os.fork()
         if pid == 0:  # as that user, kill(-1) reaches exactly that user's processes; repeat until none is left to signal
             try:

@@ -108,6 +108,26 @@ def test_installed_packages_import_but_cannot_be_changed():
     r = run_program(f"open({numpy.__file__!r}, 'a').write('# tampered')")
     assert not r["passed"] and ("Read-only file system" in r["result"] or "PermissionError" in r["result"])
 
+@private_fs
+def test_an_environment_under_tmp_stays_visible(monkeypatch):
+    "A project cloned under /tmp: its environment is bound in after the private /tmp is made, so it is still there."
+    import subprocess, tempfile
+    import codellm_nb.sandbox as sb
+    root = Path(tempfile.mkdtemp(dir="/tmp")); env = root / "venv"; env.mkdir()
+    try:
+        (env / "marker.txt").write_text("here"); (root / "beside.txt").write_text("hunter2")
+        for p, m in ((root, 0o755), (env, 0o755), (env / "marker.txt", 0o644), (root / "beside.txt", 0o644)): os.chmod(p, m)
+        dirs = sb._python_dirs
+        monkeypatch.setattr(sb, "_python_dirs", lambda: dirs() + [str(env)])
+        uid = sb.SANDBOX_UID_BASE if capabilities()["own_user"] else None
+        pre = sb.bwrap_argv(uid) + (sb._drop_to(uid) if uid is not None else [])
+        show = subprocess.run(pre + ["cat", str(env / "marker.txt")], capture_output=True, text=True)
+        assert show.stdout == "here", show.stderr
+        hidden = subprocess.run(pre + ["cat", str(root / "beside.txt")], capture_output=True, text=True)
+        assert hidden.returncode != 0 and "hunter2" not in hidden.stdout
+    finally:
+        import shutil; shutil.rmtree(root)
+
 def test_environment_is_scrubbed(monkeypatch):
     monkeypatch.setenv("CODELLM_SECRET_TOKEN", "hunter2")
     r = run_program("import os; print(dict(os.environ))")
