@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv sandbox pipeline test export clean docs
+.PHONY: venv sandbox pipeline test export notebooks clean docs
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: venv sandbox
 
 export: venv
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean
+
+# Re-run the notebooks in place (their stored outputs), e.g. after a change to what they show.
+notebooks: venv sandbox
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_notebooks.sh
 
 docs: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/docs.sh

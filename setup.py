@@ -37,6 +37,7 @@ setuptools.setup(
     url = cfg['git_url'],
     packages = setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data = True,
+    package_data = {cfg['lib_name']: ['fixtures/*']},  # labelled sets the lessons and tests load
     install_requires = requirements,
     extras_require={ 'dev': dev_requirements },
     dependency_links = cfg.get('dep_links','').split(),

@@ -5,17 +5,17 @@ threads. Reports median tokens/s of each, their ratio (target >= 0.95) and the p
 measured in the same run (issue target >= 0.5 on this CPU at a shape that can use it)."""
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
-import numpy as np, torch
+import torch
 
 from codellm_nb.core import get_preset, set_threads
 from codellm_nb.data import build_data
-from codellm_nb.measure import save_result, token_blocks
-from codellm_nb.tokenizer import load_tokens
+from codellm_nb.measure import save_result
+from codellm_nb.tokenizer import TokenLoader, load_tokens
 
 def bare_loop(run_dir, cfg, steps):
     "The textbook loop: forward, backward, clip, AdamW step; tokens/s per step."
     from transformers import AutoTokenizer, LlamaForCausalLM
-    from codellm_nb.pretrain import batch_blocks, lr_at, model_config, param_groups
+    from codellm_nb.pretrain import lr_at, model_config, param_groups
     set_threads(cfg.threads_per_rank or int(os.environ.get("OMP_NUM_THREADS", 2)))
     tok = AutoTokenizer.from_pretrained(Path(run_dir) / "data" / "tokenizer")
     torch.manual_seed(cfg.seed)
@@ -23,17 +23,17 @@ def bare_loop(run_dir, cfg, steps):
     if cfg.precision == "bf16": model = model.to(torch.bfloat16)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
-    data = load_tokens(Path(run_dir) / "data", "train"); n_blocks = len(data) // cfg.seq_len
+    loader = TokenLoader(load_tokens(Path(run_dir) / "data", "train"), cfg.seq_len, cfg.micro_batch, seed=cfg.seed)  # ours reads so too
     rates = []
     for step in range(steps):
         t0 = time.perf_counter()
         for micro in range(cfg.grad_accum):
-            idx = batch_blocks(step, micro, 0, cfg, n_blocks, 1)
-            x = token_blocks(data, idx, cfg.seq_len)
+            x = next(loader)
             (model(input_ids=x, labels=x).loss / cfg.grad_accum).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
         rates.append(cfg.batch_seqs * cfg.seq_len / (time.perf_counter() - t0))
+    loader.close()
     return rates
 
 def main():
@@ -52,7 +52,7 @@ def main():
     from codellm_nb.pretrain import launch_pretrain
     with tempfile.TemporaryDirectory() as run:
         build_data(run, get_preset(args.preset, max_files=200))
-        ours = launch_pretrain(run, cfg, ov, echo=lambda *a: None)
+        ours = launch_pretrain(run, cfg, echo=lambda *a: None)
         recs = [json.loads(l) for l in open(Path(run) / "pretrain" / "metrics.jsonl")][5:]
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
         out = subprocess.run([sys.executable, __file__, "--preset", args.preset, "--steps", str(args.steps), "--precision",

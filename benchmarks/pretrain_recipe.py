@@ -14,7 +14,7 @@ Both are scored by `codellm_nb.measure.heldout_metrics` on the same validation t
 recipe at its best learning rate."""
 import argparse, contextlib, math, tempfile, time
 from pathlib import Path
-import numpy as np, torch
+import torch
 
 from codellm_nb.core import get_preset, parse_overrides, resolve_precision, set_threads
 from codellm_nb.data import build_data
@@ -76,7 +76,7 @@ def main():
         score = lambda m: heldout_metrics(m.float(), val, cfg.seq_len, tok)
         for lr in map(float, args.lrs.split(",")):
             ov = dict(base_ov, lr=str(lr))
-            ours = launch_pretrain(run, get_preset(args.preset, **ov), ov, echo=lambda *a: None)
+            ours = launch_pretrain(run, get_preset(args.preset, **ov), echo=lambda *a: None)
             budget = ours["wall_s"]
             set_threads(args.threads)
             m = score(AutoModelForCausalLM.from_pretrained(Path(run) / "pretrain" / "hf").eval())

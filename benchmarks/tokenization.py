@@ -13,13 +13,14 @@ code-aware BPE tokenizer (trained on a sample of it) tokenizes them in three way
 The figure is the ratio of median throughputs against the *fastest* raw call, `encode_batch_fast` — the one
 `pack_shards` itself makes, so the ratio is the cost of everything around the tokenizer; target >= 0.8. The ratio to
 `encode_batch` is printed too."""
-import os, sys
+import os
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # the raw calls' fastest setting: all cores (Rayon threads)
-import argparse, json, statistics, sysconfig, tempfile, time
+import argparse, statistics, sysconfig, tempfile, time
 from pathlib import Path
 
 from datasets import Dataset, disable_progress_bars
-from codellm_nb.data import collect_documents, stdlib_files
+from codellm_nb.dedup import collect_documents
+from codellm_nb.sources import stdlib_files
 from codellm_nb.measure import save_result
 from codellm_nb.tokenizer import pack_shards, train_tokenizer
 

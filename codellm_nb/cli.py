@@ -4,9 +4,10 @@
 
 # %% ../nbs/07_cli.ipynb #ada7d470
 from __future__ import annotations
-import argparse, json, os, sys, time
+import argparse, json, sys, time
 from pathlib import Path
-from .core import STAGES, get_logger, get_preset, parse_overrides, read_manifest, require_stage
+from .core import STAGES, get_logger, get_preset, parse_overrides
+from .measure import md_columns, md_table
 
 # %% auto #0
 __all__ = ['UPSTREAM', 'PIPELINE_NBS', 'run_stage', 'prepare_upstream', 'nbs_dir', 'run_pipeline', 'write_report', 'parser',
@@ -22,7 +23,7 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
         return build_data(run_dir, cfg)
     if stage == "pretrain":
         from codellm_nb.pretrain import launch_pretrain
-        return launch_pretrain(run_dir, cfg, overrides, resume=kw.get("resume", False), node_rank=kw.get("node_rank") or 0,
+        return launch_pretrain(run_dir, cfg, resume=kw.get("resume", False), node_rank=kw.get("node_rank") or 0,
                                master_addr=kw.get("master_addr") or "127.0.0.1", master_port=kw.get("master_port") or 29517)
     if stage == "finetune":
         from codellm_nb.finetune import finetune
@@ -87,8 +88,8 @@ def run_pipeline(run_dir, preset:str="tiny", overrides:dict|None=None, stages=No
 
 # %% ../nbs/07_cli.ipynb #aed99658
 def _table(rows:dict) -> str:
-    "A two-column markdown table."
-    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows.items()) + "\n"
+    "A two-column markdown table: item, value."
+    return md_columns({"value": rows})
 
 def write_report(run_dir) -> Path:
     "Gather the manifests of `run_dir` into `report.md`."
@@ -115,8 +116,8 @@ def write_report(run_dir) -> Path:
     if (f := stage("finetune")):
         m = f["metrics"]; out += ["## Fine-tuning (LoRA SFT)\n", _table({k: m[k] for k in m})]
     if (q := stage("quantize")):
-        out += ["## Quantization\n", "| model | size (MB) | val perplexity | decode tokens/s |\n|---|---|---|---|\n" +
-                "\n".join(f"| {r['model']} | {r['size_mb']} | {r['val_ppl']} | {r['decode_tokens_per_s']} |" for r in q["table"]) + "\n"]
+        out += ["## Quantization\n", md_table([{"model": r["model"], "size (MB)": r["size_mb"], "val perplexity": r["val_ppl"],
+                                                "decode tokens/s": r["decode_tokens_per_s"]} for r in q["table"]])]
     if (s := stage("serve")):
         out += ["## Serving\n", _table(s["metrics"])]
     if (e := stage("eval")):
@@ -124,8 +125,7 @@ def write_report(run_dir) -> Path:
         keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "val_bits_per_byte", "bleu4",
                             "rougeL", "ttft_ms_p50", "token_ms_p50", "token_ms_p99", "server_peak_mb") if k in next(iter(comp.values()))]
         out += [f"## Evaluation (HumanEval, {e['metrics']['problems']} problems)\n",
-                "| metric | " + " | ".join(comp) + " |\n|---|" + "---|" * len(comp) + "\n" +
-                "\n".join(f"| {k} | " + " | ".join(str(c.get(k, "")) for c in comp.values()) + " |" for k in keys) + "\n"]
+                md_columns(comp, keys, label="metric")]
     if (run_dir / "timings.json").exists():
         t = json.loads((run_dir / "timings.json").read_text())
         out += ["## Wall time per stage (s)\n", _table({**t, "total": round(sum(t.values()), 1)})]

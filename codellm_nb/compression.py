@@ -4,13 +4,13 @@
 
 # %% ../nbs/02a_pretrain.compression.ipynb #5ac44354
 from __future__ import annotations
-import argparse, json, os, subprocess, sys, time
+import json, os, subprocess, sys, time
 from pathlib import Path
 import numpy as np, torch
-from .core import Preset, get_logger, get_preset, parse_overrides, read_manifest, seed_everything, set_threads
-from .measure import heldout_metrics, token_blocks
-from .tokenizer import load_tokens
-from .pretrain import batch_blocks, lr_at, model_config, param_groups
+from .core import Preset, read_manifest, run_job, seed_everything, set_threads, write_job
+from .measure import heldout_metrics
+from .tokenizer import TokenLoader, load_tokens
+from .pretrain import DataCursor, lr_at, mean_over_ranks, model_config, param_groups, train_step
 
 # %% auto #0
 __all__ = ['CommMeter', 'comm_hook', 'train_ddp', 'main', 'compare_compression']
@@ -52,35 +52,30 @@ def train_ddp(run_dir, cfg:Preset, method:str="none", rank_r:int=4, start_iter:i
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
     data_dir = Path(run_dir) / "data"
     tok = AutoTokenizer.from_pretrained(data_dir / "tokenizer")
-    train_tok, val_tok = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
-    n_blocks = len(train_tok) // cfg.seq_len
+    val_tok = load_tokens(data_dir, "val")
     seed_everything(cfg.seed)
     net = LlamaForCausalLM._from_config(model_config(cfg, tok)).to(dev)
     # PowerSGD chains its all-reduces in future callbacks; over gloo, two buckets' chains can reach the wire in a
     # different order on each rank (a collective mismatch), so on CPUs all gradients go in one bucket
     one_bucket = method == "powersgd" and dist.get_backend() == "gloo"
     model = DDP(net, bucket_cap_mb=sum(p.numel() * p.element_size() for p in net.parameters()) / 2**20 + 1 if one_bucket else None)
-    meter = CommMeter()
     model.register_comm_hook(*comm_hook(method, rank_r, start_iter))
-    opt = torch.optim.AdamW(param_groups(model.module, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(param_groups(net, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
+    data = DataCursor(TokenLoader(load_tokens(data_dir, "train"), cfg.seq_len, cfg.micro_batch, rank, world, cfg.seed), cfg.grad_accum)
     recs = []
-    with meter:
+    with CommMeter() as meter:
         for step in range(cfg.steps):
-            t0, sent0, loss_sum = time.perf_counter(), meter.bytes, 0.0
-            for micro in range(cfg.grad_accum):
-                x = token_blocks(train_tok, batch_blocks(step, micro, rank, cfg, n_blocks, world), cfg.seq_len).to(dev)
-                if micro < cfg.grad_accum - 1:
-                    with model.no_sync(): loss = model(input_ids=x, labels=x).loss; (loss / cfg.grad_accum).backward()
-                else: loss = model(input_ids=x, labels=x).loss; (loss / cfg.grad_accum).backward()
-                loss_sum += loss.item()
+            t0, sent0 = time.perf_counter(), meter.bytes
+            loss = train_step(model, data.next_batches(dev), lambda l: (l / cfg.grad_accum).backward(), no_sync=model.no_sync)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+            data.data_step += 1
             sent = meter.bytes - sent0
-            mean = torch.tensor([loss_sum / cfg.grad_accum], device=dev); dist.all_reduce(mean)
-            recs.append(dict(step=step + 1, loss=round(mean.item() / world, 5), sent_mb=round(sent / 2**20, 4),
+            recs.append(dict(step=step + 1, loss=round(mean_over_ranks(loss, world, dev), 5), sent_mb=round(sent / 2**20, 4),
                              tokens_per_s=round(cfg.batch_seqs * cfg.seq_len / (time.perf_counter() - t0), 1)))
-    h = heldout_metrics(model.module, val_tok, cfg.seq_len, tok, bs=cfg.micro_batch, rank=rank, world=world)  # same for every method
+    data.loader.close()
+    h = heldout_metrics(net, val_tok, cfg.seq_len, tok, bs=cfg.micro_batch, rank=rank, world=world)  # same for every method
     # gloo frees a finished collective's tensors in its worker thread, which needs the GIL; tearing the group down
     # (which joins those threads while holding the GIL) right after one can deadlock, so let them finish first
     dist.barrier(); time.sleep(0.1)
@@ -92,18 +87,11 @@ def train_ddp(run_dir, cfg:Preset, method:str="none", rank_r:int=4, start_iter:i
     return res
 
 def main(argv=None):
-    "Entry point of one rank: `python -m codellm_nb.compression --run-dir D --method powersgd --out F.json`."
-    ap = argparse.ArgumentParser(description="One rank of a DDP run with gradient compression")
-    ap.add_argument("--run-dir", required=True); ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--method", default="none"); ap.add_argument("--rank", type=int, default=4)
-    ap.add_argument("--start-iter", type=int, default=10); ap.add_argument("--out", required=True)
-    ap.add_argument("--set", nargs="*", action="extend", default=[])
-    a = ap.parse_args(argv)
-    train_ddp(a.run_dir, get_preset(a.preset, **parse_overrides(a.set)), a.method, a.rank, a.start_iter, a.out)
+    "Entry point of one rank: `python -m codellm_nb.compression JOB.json`, a job file `compare_compression` wrote."
+    run_job(train_ddp, argv, "One rank of a DDP run with gradient compression")
 
 # %% ../nbs/02a_pretrain.compression.ipynb #855c95cc
-def compare_compression(run_dir, cfg:Preset, methods=("none", "powersgd"), rank_r:int=4, start_iter:int=10,
-                        overrides:dict|None=None) -> tuple:
+def compare_compression(run_dir, cfg:Preset, methods=("none", "powersgd"), rank_r:int=4, start_iter:int=10) -> tuple:
     "Run `methods` side by side on `run_dir`'s data; returns `(table, runs)`."
     import pandas as pd
     read_manifest(run_dir, "data")  # fail early, with the fix, if there is no data stage
@@ -111,10 +99,10 @@ def compare_compression(run_dir, cfg:Preset, methods=("none", "powersgd"), rank_
     runs, out = {}, Path(run_dir) / "compression"; out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.ranks)))
     for m in methods:
+        job = write_job(out / f"{m}.job.json", run_dir=str(run_dir), cfg=cfg, method=m, rank_r=rank_r, start_iter=start_iter,
+                        out=str(out / f"{m}.json"))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.ranks}",
-               "-m", "codellm_nb.compression", "--run-dir", str(run_dir), "--preset", cfg.name, "--method", m,
-               "--rank", str(rank_r), "--start-iter", str(start_iter), "--out", str(out / f"{m}.json"),
-               "--set", *[f"{k}={v}" for k, v in (overrides or {}).items()]]
+               "-m", "codellm_nb.compression", str(job)]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode: raise RuntimeError(f"The {m} run failed (exit {p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-3000:]}")
         runs[m] = json.loads((out / f"{m}.json").read_text())

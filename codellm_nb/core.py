@@ -4,15 +4,16 @@
 
 # %% ../nbs/00_core.ipynb #b657dc73
 from __future__ import annotations
-import dataclasses, importlib.metadata, json, logging, os, platform, random, time
+import dataclasses, gzip, importlib.metadata, json, logging, os, platform, random, sys, time
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 import numpy as np  # torch is imported where it is used: `codellm eval --samples` and the CLI start without it
 
 # %% auto #0
-__all__ = ['PRESETS', 'LANGS', 'STAGES', 'Preset', 'get_preset', 'parse_overrides', 'stage_dir', 'versions', 'write_manifest',
-           'read_manifest', 'require_stage', 'read_jsonl', 'cpu_has_bf16', 'detect_device', 'resolve_precision',
-           'torch_dtype', 'seed_everything', 'set_threads', 'get_logger', 'Timer']
+__all__ = ['PRESETS', 'LANGS', 'STAGES', 'QUIET_LOGGERS', 'Preset', 'get_preset', 'parse_overrides', 'write_job', 'read_job',
+           'run_job', 'stage_dir', 'versions', 'write_manifest', 'read_manifest', 'require_stage', 'read_jsonl',
+           'cpu_has_bf16', 'detect_device', 'resolve_precision', 'torch_dtype', 'seed_everything', 'set_threads',
+           'get_logger', 'Timer']
 
 # %% ../nbs/00_core.ipynb #3e5adc89
 @dataclass
@@ -180,6 +181,32 @@ def parse_overrides(items) -> dict:
         out[k.strip()] = v.strip()
     return out
 
+# %% ../nbs/00_core.ipynb #c0b1a002
+def write_job(path, **job) -> Path:
+    "Write a child process's arguments (`cfg` a `Preset`, the rest plain JSON values) to `path`, for `read_job`."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    if "cfg" in job: job["cfg"] = asdict(job["cfg"])
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # whole or absent: other nodes may be reading it
+    tmp.write_text(json.dumps(job, indent=1, default=str)); tmp.replace(path)
+    return path
+
+def read_job(path) -> dict:
+    "The arguments `write_job` wrote, with `cfg` a validated `Preset` again."
+    job = json.loads(Path(path).read_text())
+    if "cfg" in job:
+        known = {f.name for f in fields(Preset)}
+        job["cfg"] = Preset(**{k: v for k, v in job["cfg"].items() if k in known})  # validated by __post_init__
+    return job
+
+def run_job(fn, argv=None, description:str=""):
+    "The entry point of a child process: `python -m MODULE JOB.json` calls `fn(**read_job(JOB.json))`."
+    import argparse
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("job", help="a job file written by `write_job`")
+    args, _ = ap.parse_known_args(argv)  # launchers may add their own flags (deepspeed adds --local_rank)
+    return fn(**read_job(args.job))
+
+
 # %% ../nbs/00_core.ipynb #f2c8dfce
 LANGS = ("python", "java", "c", "cpp", "go", "javascript", "typescript", "rust", "shell")
 
@@ -227,17 +254,27 @@ def require_stage(run_dir, stage:str) -> Path:
     return path
 
 # %% ../nbs/00_core.ipynb #f94a66d2
-def read_jsonl(path, valid=lambda r: True, need:str="a JSON object", missing_hint:str="") -> tuple[list, list[str]]:
+def read_jsonl(path,                      # a `.jsonl` file, or `.jsonl.gz`
+               valid=lambda r: True,      # which records to keep
+               need:str="a JSON object",  # what a kept line needs, for the skip messages
+               missing_hint:str="",       # how to fix a missing file
+               what:str="file",           # what the file is, for the error messages
+               line_key:str|None=None     # store each record's line number under this key
+              ) -> tuple[list, list[str]]:
     "Records of JSONL `path` for which `valid(record)` holds, and a description of each line that was skipped."
     path = Path(path)
-    if not path.exists(): raise FileNotFoundError(f"No file at {path}{': ' + missing_hint if missing_hint else ''}")
+    if not path.is_file(): raise FileNotFoundError(f"No {what} at {path}{': ' + missing_hint if missing_hint else ''}")
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f: lines = f.read().splitlines()
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"Cannot read the {what} {path} ({e}): it must be UTF-8 JSON lines, optionally gzipped") from None
     recs, bad = [], []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(lines, 1):
         if not line.strip(): continue
         try: r = json.loads(line)
         except json.JSONDecodeError as e: bad.append(f"line {i}: not JSON ({e.msg})"); continue
         if not isinstance(r, dict) or not valid(r): bad.append(f"line {i}: needs {need}"); continue
-        recs.append(r)
+        recs.append(r if line_key is None else dict(r, **{line_key: i}))
     return recs, bad
 
 # %% ../nbs/00_core.ipynb #8d6594b1
@@ -285,12 +322,16 @@ def set_threads(n:int|None=None) -> int:
     return n
 
 # %% ../nbs/00_core.ipynb #bc12a537
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")  # import-time notices, nothing about a run (see above)
+for _name in QUIET_LOGGERS: logging.getLogger(_name).setLevel(logging.ERROR)
+
 def get_logger(name:str="codellm_nb") -> logging.Logger:
-    "A logger that prints `time level message` once, however often it is asked for."
+    "A logger that prints `[time] level message` once, however often it is asked for (no time inside a notebook)."
     log = logging.getLogger(name)
     if not log.handlers:
+        stamp = os.environ.setdefault("CODELLM_LOG_TIME", "0" if "ipykernel" in sys.modules else "1") == "1"
         h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        h.setFormatter(logging.Formatter(("%(asctime)s " if stamp else "") + "%(levelname)s %(message)s", "%H:%M:%S"))
         log.addHandler(h); log.setLevel(logging.INFO); log.propagate = False
     return log
 

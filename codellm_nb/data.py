@@ -4,54 +4,21 @@
 
 # %% ../nbs/01_data.ipynb #c42bde80
 from __future__ import annotations
-import dataclasses, hashlib, json, math, os, sysconfig
+import hashlib, json, os
 from collections import Counter
-from functools import partial
 from pathlib import Path
 import numpy as np
-from tqdm.auto import tqdm
-from .core import Preset, Timer, get_logger, get_preset, read_manifest, stage_dir, write_manifest
-from .sources import PERMISSIVE, list_items, load_documents, read_code, sample_items
+from .core import Preset, Timer, get_logger, stage_dir, write_manifest
+from .sources import PERMISSIVE, list_items, load_documents, sample_items
 from .filters import filter_document, filter_stats
-from .dedup import (build_eval_index, content_hash, decontaminate, deduplicate, humaneval_items, load_eval_set,
-                              normalize)
-from .tokenizer import SPECIAL_TOKENS, is_val, load_tokens, pack_shards, token_dtype, train_tokenizer
-from .sft import (SFT_INSTRUCTION, doctest_candidates, instruction_records, merge_stats, mix_records,
-                            preference_pairs, self_instruct, sft_prompt, sft_records, to_context_response, verify_records)
+from .dedup import build_eval_index, content_hash, decontaminate, deduplicate, humaneval_items, load_eval_set
+from .tokenizer import is_val, pack_shards, train_tokenizer
+from .sft import (doctest_candidates, instruction_records, merge_stats, mix_records, preference_pairs, self_instruct,
+                            to_context_response, verify_records)
 
 # %% auto #0
-__all__ = ['STDLIB_SKIP', 'DOCS_VERSION', 'DATA_FIELDS', 'stdlib_files', 'read_source', 'collect_documents', 'fingerprint',
-           'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft', 'build_prefs',
-           'shard_bytes_per_token', 'build_data']
-
-# %% ../nbs/01_data.ipynb #3640895b
-STDLIB_SKIP = ("test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "encodings")  # codec tables are data
-
-def stdlib_files(limit:int=0) -> list[Path]:
-    "The standard library's `.py` files outside test suites, a hash-spread sample of `limit` of them if `limit`."
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(STDLIB_SKIP)]
-    files.sort(key=lambda p: hashlib.sha1(str(p.relative_to(root)).encode()).hexdigest())
-    return files[:limit] if limit else files
-
-def read_source(path, max_bytes:int=100_000):
-    "`(text, None)` for a readable UTF-8 source file, else `(None, reason)` (see `sources.read_code`)."
-    return read_code(path, max_bytes)
-
-def collect_documents(paths, root=None, max_bytes:int=100_000, license:str="PSF-2.0", lang:str="python"):
-    "Read `paths` into exactly-deduplicated documents, for quick experiments; returns `(docs, counts)`."
-    docs, seen, counts = [], set(), Counter(files=0)
-    for p in paths:
-        counts["files"] += 1
-        text, why = read_source(p, max_bytes)
-        if why: counts[why] += 1; continue
-        h = content_hash(text)
-        if h in seen: counts["duplicate"] += 1; continue
-        seen.add(h)
-        docs.append(dict(id=h[:16], path=str(Path(p).relative_to(root)) if root else str(p), lang=lang, license=license,
-                         text=normalize(text)))
-    counts["kept"] = len(docs)
-    return docs, dict(counts)
+__all__ = ['DOCS_VERSION', 'DATA_FIELDS', 'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft',
+           'build_prefs', 'shard_bytes_per_token', 'build_data']
 
 # %% ../nbs/01_data.ipynb #ddbaf250
 DOCS_VERSION = 2  # bump when `build_documents` writes something different for the same settings

@@ -4,18 +4,19 @@
 
 # %% ../nbs/01c_data.dedup.ipynb #b87afb18
 from __future__ import annotations
-import ast, builtins, functools, gzip, hashlib, json, keyword, random, re
+import functools, hashlib, keyword, re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from tqdm.auto import tqdm
-from .core import get_logger
+from tqdm import tqdm
+from .core import get_logger, read_jsonl
+from .sources import read_code
 
 # %% auto #0
 __all__ = ['TOKEN_RE', 'WORD_RE', 'EMPTY_HASH', 'KEEP_RULES', 'EVAL_FIELDS', 'BOILERPLATE_RE', 'COMMON_WORDS', 'code_tokens',
-           'normalize', 'content_hash', 'exact_duplicates', 'ngram_hashes', 'shingles', 'shingle_jaccard',
-           'minhash_signature', 'minhash_batch', 'near_duplicates', 'pick_kept', 'find_duplicates', 'perturb',
+           'normalize', 'content_hash', 'exact_duplicates', 'collect_documents', 'ngram_hashes', 'shingles',
+           'shingle_jaccard', 'minhash_signature', 'minhash_batch', 'near_duplicates', 'pick_kept', 'find_duplicates',
            'deduplicate', 'load_eval_set', 'humaneval_items', 'EvalIndex', 'distinctive', 'build_eval_index',
            'find_contamination', 'decontaminate']
 
@@ -44,6 +45,22 @@ def exact_duplicates(texts) -> tuple[list[int], list[list[int]]]:
     clusters = sorted(g for g in groups.values() if len(g) > 1)
     drop = {i for c in clusters for i in c[1:]}
     return [i for i in range(len(texts)) if i not in drop], clusters
+
+# %% ../nbs/01c_data.dedup.ipynb #5a1b0c05
+def collect_documents(paths, root=None, max_bytes:int=100_000, license:str="PSF-2.0", lang:str="python"):
+    "Read `paths` into exactly-deduplicated documents, for quick experiments; returns `(docs, counts)`."
+    docs, seen, counts = [], set(), Counter(files=0)
+    for p in paths:
+        counts["files"] += 1
+        text, why = read_code(p, max_bytes)
+        if why: counts[why] += 1; continue
+        h = content_hash(text)
+        if h in seen: counts["duplicate"] += 1; continue
+        seen.add(h)
+        docs.append(dict(id=h[:16], path=str(Path(p).relative_to(root)) if root else str(p), lang=lang, license=license,
+                         text=normalize(text)))
+    counts["kept"] = len(docs)
+    return docs, dict(counts)
 
 # %% ../nbs/01c_data.dedup.ipynb #87275d89
 _TOKEN_HASHES: dict = {}   # token -> 64-bit hash, per process
@@ -162,43 +179,6 @@ def find_duplicates(texts:list, # document texts
                   params=dict(threshold=threshold, num_perm=num_perm, shingle_size=shingle_size, seed=seed, keep=keep, verify=verify))
     return [i for i in range(len(texts)) if i not in drop], report
 
-# %% ../nbs/01c_data.dedup.ipynb #bfded3fb
-_BUILTIN_NAMES = set(dir(builtins)) | set(keyword.kwlist) | {"self", "cls"}  # names a rename would break
-
-def perturb(text:str, kind:str="edit", # rename | reorder | edit | all
-            seed:int=0, frac:float=0.05) -> str:
-    "A synthetic near-copy of Python `text`: identifiers renamed, top-level definitions reordered, or `frac` of lines edited."
-    rng = random.Random(seed)
-    if kind == "all":
-        for k in ("rename", "reorder", "edit"): text = perturb(text, k, seed, frac)
-        return text
-    if kind == "rename":
-        names = sorted({w for w in WORD_RE.findall(text) if w.isidentifier() and w not in _BUILTIN_NAMES and not w.startswith("__")})
-        for old in rng.sample(names, min(3, len(names))): text = re.sub(rf"\b{re.escape(old)}\b", old + "_v2", text)
-        return text
-    if kind == "reorder":
-        try: body = ast.parse(text).body
-        except (SyntaxError, ValueError): return text
-        lines = text.split("\n")
-        starts = [min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]) - 1 for n in body]
-        blocks = [lines[s:e] for s, e in zip(starts, starts[1:] + [len(lines)])]
-        defs = [i for i, n in enumerate(body) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-        moved = rng.sample(defs, len(defs))
-        if moved == defs: moved = defs[1:] + defs[:1]  # always move something when there are two
-        order = list(range(len(blocks)))
-        for i, j in zip(defs, moved): order[i] = j
-        return "\n".join(lines[:starts[0]] + [l for i in order for l in blocks[i]]) if body else text
-    if kind == "edit":
-        lines = text.split("\n")
-        for i in sorted(rng.sample(range(len(lines)), max(1, int(frac * len(lines)))), reverse=True):
-            op = rng.choice(["delete", "replace", "insert"])
-            pad = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
-            if op == "delete": del lines[i]
-            elif op == "replace": lines[i] = f"{pad}value_{rng.randrange(1000)} = compute({rng.randrange(100)})"
-            else: lines.insert(i + 1, f"{pad}log.debug('step {rng.randrange(1000)}')")
-        return "\n".join(lines)
-    raise ValueError(f"Unknown perturbation {kind!r}: use rename, reorder, edit or all")
-
 # %% ../nbs/01c_data.dedup.ipynb #5cff28e8
 def deduplicate(ds, # a `datasets.Dataset` with a text column
                 num_proc:int|None=None, # processes computing signatures (None: this one)
@@ -222,19 +202,14 @@ def load_eval_set(path, fields=EVAL_FIELDS) -> tuple[list[dict], list[str]]:
     "Eval items `{task_id, texts}` of a JSONL (or `.jsonl.gz`) file with any of `fields`, and each line skipped, with why."
     path, fields = Path(path), tuple(fields)
     hint = f"a JSONL file whose lines are objects with any of the string fields {', '.join(fields)}"
-    if not path.is_file(): raise FileNotFoundError(f"No eval set at {path}: pass {hint}")
-    try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f: lines = f.read().splitlines()
-    except (OSError, EOFError, UnicodeDecodeError) as e: raise ValueError(f"Cannot read the eval set {path} ({e}): it must be {hint}, UTF-8, optionally gzipped")
-    items, bad = [], []
-    for i, line in enumerate(lines, 1):
-        if not line.strip(): continue
-        try: r = json.loads(line)
-        except json.JSONDecodeError as e: bad.append(f"line {i}: not JSON ({e.msg})"); continue
-        got = {k: r[k] for k in fields if isinstance(r, dict) and isinstance(r.get(k), str) and r[k].strip()}
-        if not got: bad.append(f"line {i}: needs a string field among {', '.join(fields)}"); continue
+    strings = lambda r: {k: r[k] for k in fields if isinstance(r.get(k), str) and r[k].strip()}
+    recs, bad = read_jsonl(path, lambda r: bool(strings(r)), f"a string field among {', '.join(fields)}", f"pass {hint}",
+                           what="eval set", line_key="_line")
+    items = []
+    for r in recs:
+        got = strings(r)
         code = got.get("prompt", "") + got.get("canonical_solution", "")  # one text: n-grams may span signature and body
-        items.append(dict(task_id=str(r.get("task_id", f"{path.name.split('.')[0]}/{i}")),
+        items.append(dict(task_id=str(r.get("task_id", f"{path.name.split('.')[0]}/{r['_line']}")),
                           texts=[t for t in (code, got.get("test", ""), got.get("text", "")) if t]))
     if not items: raise ValueError(f"No eval items in {path} ({len(bad)} lines skipped{': ' + bad[0] if bad else ''}): it must be {hint}")
     if bad: get_logger().warning(f"eval set {path.name}: skipped {len(bad)} lines, first: {bad[0]}")

@@ -4,15 +4,16 @@
 
 # %% ../nbs/06_eval.ipynb #bc827828
 from __future__ import annotations
-import ast, functools, json, math, os, subprocess, sys, time
+import ast, functools, json, subprocess, sys, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
-from tqdm.auto import tqdm
-from .core import Preset, Timer, get_logger, get_preset, read_jsonl, read_manifest, stage_dir, write_manifest
-from .sft import SFT_INSTRUCTION, sft_prompt
-from .sandbox import capabilities, run_program
+from tqdm import tqdm
+from .core import Preset, Timer, get_logger, read_jsonl, read_manifest, stage_dir, write_manifest
+from .sft import SFT_INSTRUCTION, sft_heldout, sft_prompt
+from .sandbox import run_program
+from .measure import md_columns, md_table
 
 # %% auto #0
 __all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'imported_modules',
@@ -171,11 +172,10 @@ def syntax_ok(problem:dict, completion:str) -> bool:
 # %% ../nbs/06_eval.ipynb #52f9b76c
 def docstring_tasks(sft_path, limit:int=32) -> list[dict]:
     "Held-out `{prompt, reference}` docstring tasks from an SFT JSONL (one in 20 records, by hash)."
-    import hashlib
     tasks = []
     for line in Path(sft_path).read_text().splitlines():
         r = json.loads(line)
-        if int(hashlib.sha1(r["input"].encode()).hexdigest()[:4], 16) % 20: continue
+        if not sft_heldout(r): continue
         head, _, rest = r["input"].partition('"""')
         ref = rest.split('"""')[0].strip()
         if not ref or not head.lstrip().startswith(("def ", "async def ")): continue
@@ -249,12 +249,6 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     return m, checked
 
 # %% ../nbs/06_eval.ipynb #baae07ba
-def _md_table(rows:dict) -> str:
-    "Markdown table with one column per model and one row per metric."
-    keys = [k for k in next(iter(rows.values())) if not k.startswith("_")]
-    head = "| metric | " + " | ".join(rows) + " |\n|---|" + "---|" * len(rows) + "\n"
-    return head + "\n".join(f"| {k} | " + " | ".join(str(r.get(k, "")) for r in rows.values()) + " |" for k in keys) + "\n"
-
 def outcome(result:str) -> str:
     "`passed`, `timed out` or `failed: <error name>` from a sample's result line."
     if not result.startswith("failed: "): return result
@@ -278,9 +272,9 @@ def write_eval_report(out, results:dict, checked:list[dict]) -> Path:
     for n, r in results.items(): ax[1].hist(r.get("_token_ms") or [0], bins=30, alpha=0.6, label=n)
     ax[1].set_xlabel("inter-token latency (ms)"); ax[1].set_title("streaming latency"); ax[1].legend()
     fig.tight_layout(); fig.savefig(out / "eval.png", dpi=100)
-    md = ["# Evaluation\n", _md_table(results), "\n![pass@k and latency](eval.png)\n"]
+    md = ["# Evaluation\n", md_columns(results, label="metric"), "\n![pass@k and latency](eval.png)\n"]
     outcomes = Counter(outcome(s["result"]) for s in checked)
-    md += ["\n## Sample outcomes\n", "| outcome | samples |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in sorted(outcomes.items(), key=lambda x: -x[1])) + "\n"]
+    md += ["\n## Sample outcomes\n", md_table([dict(outcome=k, samples=v) for k, v in outcomes.most_common()])]
     (out / "report.md").write_text("\n".join(md))
     return out / "report.md"
 
@@ -303,8 +297,8 @@ def compare_models(models:dict, cfg:Preset, run_dir=None, metric:str="pass@1") -
     return select_best(results, metric), results
 
 # %% ../nbs/06_eval.ipynb #c08b612a
-def compare_runs(run_dirs) -> "pd.DataFrame":
-    "One row per run (and model) with the metrics its evaluation stage recorded."
+def compare_runs(run_dirs):
+    "A `DataFrame` with one row per run (and model) and the metrics its evaluation stage recorded."
     import pandas as pd
     rows = {}
     for d in run_dirs:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01b_data.filters.ipynb #86725829
 from __future__ import annotations
-import base64, bisect, hashlib, io, ipaddress, json, random, re, tokenize
+import base64, bisect, io, ipaddress, re, tokenize
 from collections import Counter
 from dataclasses import dataclass, fields, replace
 from pathlib import PurePath
@@ -22,45 +22,21 @@ from detect_secrets.plugins.sendgrid import SendGridDetector
 from detect_secrets.plugins.slack import SlackDetector
 from detect_secrets.plugins.square_oauth import SquareOAuthDetector
 from detect_secrets.plugins.stripe import StripeDetector
+from .sources import EXT_LANG, shebang_lang
 
 # %% auto #0
-__all__ = ['EXTENSIONS', 'EXT_LANG', 'SHELL_FILES', 'INTERPRETERS', 'MODE_LANG', 'CUES', 'LANGUAGE_CASES', 'TAB_FILES',
-           'QUALITY_REASONS', 'LOCKFILES', 'GENERATED_NAME', 'MINIFIED_NAME', 'GENERATED_MARKER', 'QUALITY_CASES',
-           'PLACEHOLDERS', 'TOKEN_PATTERNS', 'COUNTRY_TLDS', 'GENERIC_TLDS', 'DOCUMENTATION_DOMAINS',
-           'DOCUMENTATION_NETS', 'REDACTION_CASES', 'DROP_REASONS', 'language_scores', 'detect_language', 'clean_text',
-           'QualityThresholds', 'is_data_line', 'quality_problem', 'is_placeholder', 'is_high_entropy',
-           'is_redactable_ip', 'find_secrets', 'redact', 'fake_token', 'score_redaction', 'filter_document',
-           'filter_stats']
+__all__ = ['SHELL_FILES', 'MODE_LANG', 'CUES', 'TAB_FILES', 'QUALITY_REASONS', 'LOCKFILES', 'GENERATED_NAME', 'MINIFIED_NAME',
+           'GENERATED_MARKER', 'PLACEHOLDERS', 'TOKEN_PATTERNS', 'COUNTRY_TLDS', 'GENERIC_TLDS',
+           'DOCUMENTATION_DOMAINS', 'DOCUMENTATION_NETS', 'DROP_REASONS', 'language_scores', 'detect_language',
+           'clean_text', 'QualityThresholds', 'is_data_line', 'quality_problem', 'is_placeholder', 'is_high_entropy',
+           'is_redactable_ip', 'find_secrets', 'redact', 'score_redaction', 'filter_document', 'filter_stats']
 
 # %% ../nbs/01b_data.filters.ipynb #e74b551d
-EXTENSIONS = {  # language -> its file extensions
-    "python": ".py .pyw .pyi",
-    "java": ".java",
-    "c": ".c",
-    "cpp": ".cc .cpp .cxx .c++ .hh .hpp .hxx .h++ .ipp .tpp .cu .cuh",  # CUDA is C++ with extensions
-    "go": ".go",
-    "javascript": ".js .mjs .cjs .jsx",
-    "typescript": ".ts .mts .cts .tsx",
-    "rust": ".rs",
-    "shell": ".sh .bash .ksh .zsh",
-}
-EXT_LANG = {e: lang for lang, exts in EXTENSIONS.items() for e in exts.split()}
 SHELL_FILES = {".bashrc", ".bash_profile", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".kshrc"}
-INTERPRETERS = {"python": r"python[\d.]*|pypy[\d.]*", "shell": r"(?:ba|da|z|k|mk|a)?sh", "javascript": r"node(?:js)?",
-                "typescript": r"ts-node|tsx", "rust": r"rust-script|run-cargo-script"}  # shebang program -> language
 MODE_LANG = {"python": "python", "java": "java", "c": "c", "c++": "cpp", "cpp": "cpp", "go": "go", "javascript": "javascript",
              "js": "javascript", "typescript": "typescript", "rust": "rust", "sh": "shell", "bash": "shell",
              "shell-script": "shell", "zsh": "shell"}  # Emacs/Vim modeline name -> language
-_INTERP = [(re.compile(rf"(?:{rx})$"), lang) for lang, rx in INTERPRETERS.items()]
 _MODELINE = re.compile(r"-\*-\s*(?:.*?\bmode:\s*)?([\w+-]+)\s*(?:;.*)?-\*-|\bvim?:.*?\b(?:ft|filetype)=([\w+-]+)", re.I)
-
-def _shebang_language(text:str) -> str|None:
-    if not text.startswith("#!") or text.startswith("#!["): return None  # `#![...]` is a Rust attribute
-    words = text[2:text.find("\n") if "\n" in text else None].split()
-    if not words: return None
-    prog = PurePath(words[0]).name
-    if prog == "env": prog = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), "")
-    return next((lang for rx, lang in _INTERP if rx.match(prog)), None)
 
 def _modeline_language(text:str) -> str|None:
     for line in text.split("\n", 5)[:5] + text[-300:].split("\n"):  # modelines sit at the top or the bottom
@@ -139,100 +115,11 @@ def detect_language(path=None, # file path (only its name is used); `None` when 
     ext = PurePath(name).suffix
     if ext in EXT_LANG: return EXT_LANG[ext]
     if name in SHELL_FILES: return "shell"
-    if lang := _shebang_language(text) or _modeline_language(text): return lang
+    if lang := shebang_lang(text) or _modeline_language(text): return lang
     if ext and ext != ".h": return None  # another kind of file: .md, .json, .txt, ...
     if ext == ".h" or (best := max(scores := language_scores(text), key=scores.get)) in ("c", "cpp") and scores[best] >= min_score:
         return "cpp" if _CPP_ONLY.search(_COMMENTS.sub("", text[:20_000])) else "c"
     return best if scores[best] >= min_score else None
-
-# %% ../nbs/01b_data.filters.ipynb #3c2e4f47
-LANGUAGE_CASES = [  # (language, file name, source)
-    ("python", "stats.py", 'import math\n\ndef mean(xs):\n    """Arithmetic mean."""\n    return sum(xs) / len(xs)\n\n'
-                           'def stdev(xs):\n    m = mean(xs)\n    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))\n'),
-    ("python", "shapes.py", "from dataclasses import dataclass\n\n@dataclass\nclass Circle:\n    r: float\n\n"
-                            "    def area(self) -> float:\n        return 3.14159 * self.r ** 2\n"),
-    ("python", "cli.py", '#!/usr/bin/env python3\nimport sys\n\nif __name__ == "__main__":\n    for line in sys.stdin:\n'
-                         "        print(line.strip().upper())\n"),
-    ("python", "retry.py", 'try:\n    conn = connect(host)\nexcept ConnectionError as e:\n    log.warning("retrying: %s", e)\n'
-                           "    conn = None\nfinally:\n    cleanup()\n"),
-    ("python", "gen.py", 'squares = [x * x for x in range(10) if x % 2 == 0]\nlookup = {k: v for k, v in zip("abc", squares)}\n'
-                         "result = sorted(lookup.items(), key=lambda kv: kv[1])\n"),
-    ("java", "Hello.java", 'public class Hello {\n    public static void main(String[] args) {\n        System.out.println("Hello, world");\n'
-                           "    }\n}\n"),
-    ("java", "Stack.java", "package com.example.util;\n\nimport java.util.ArrayList;\nimport java.util.List;\n\n"
-                           "public final class Stack<T> {\n    private final List<T> items = new ArrayList<>();\n\n"
-                           "    public void push(T item) { items.add(item); }\n\n    public T pop() { return items.remove(items.size() - 1); }\n}\n"),
-    ("java", "Shape.java", "interface Shape {\n    double area();\n}\n\nclass Square implements Shape {\n    private final double side;\n"
-                           "    Square(double side) { this.side = side; }\n    @Override\n    public double area() { return side * side; }\n}\n"),
-    ("java", "Count.java", "import java.io.IOException;\nimport java.nio.file.Files;\nimport java.nio.file.Path;\n\nclass Count {\n"
-                           "    static long lines(Path p) throws IOException {\n        try (var s = Files.lines(p)) { return s.count(); }\n    }\n}\n"),
-    ("java", "UserService.java", "@Service\npublic class UserService {\n    private final UserRepository repo;\n\n"
-                                 "    public UserService(UserRepository repo) { this.repo = repo; }\n\n"
-                                 "    public Optional<User> find(long id) { return repo.findById(id); }\n}\n"),
-    ("c", "hello.c", '#include <stdio.h>\n\nint main(void) {\n    printf("hello\\n");\n    return 0;\n}\n'),
-    ("c", "list.c", "#include <stdlib.h>\n\ntypedef struct node {\n    int value;\n    struct node *next;\n} node;\n\n"
-                    "node *push(node *head, int value) {\n    node *n = malloc(sizeof *n);\n    if (n == NULL) return head;\n"
-                    "    n->value = value;\n    n->next = head;\n    return n;\n}\n"),
-    ("c", "buf.h", '#ifndef BUF_H\n#define BUF_H\n#include <stddef.h>\n\n#ifdef __cplusplus\nextern "C" {\n#endif\n\n'
-                   "struct buf { char *data; size_t len, cap; };\nint buf_append(struct buf *b, const char *s, size_t n);\n"
-                   "void buf_free(struct buf *b);\n\n#ifdef __cplusplus\n}\n#endif\n#endif\n"),
-    ("c", "strrev.c", "#include <string.h>\n\nstatic void reverse(char *s) {\n    size_t n = strlen(s);\n"
-                      "    for (size_t i = 0; i < n / 2; i++) {\n        char t = s[i]; s[i] = s[n - 1 - i]; s[n - 1 - i] = t;\n    }\n}\n"),
-    ("c", "config.h", "/* Generic limits shared by the parser. */\n#define MAX_TOKENS 4096\n#define MAX_DEPTH 64\n"
-                      "typedef unsigned int uint;\nextern int parse_file(const char *path, uint flags);\n"),
-    ("cpp", "main.cpp", '#include <iostream>\n#include <vector>\n\nint main() {\n    std::vector<int> v{3, 1, 2};\n'
-                        '    for (auto x : v) std::cout << x << "\\n";\n}\n'),
-    ("cpp", "matrix.h", "#pragma once\n#include <cstddef>\n\nnamespace linalg {\ntemplate <typename T>\nclass Matrix {\n public:\n"
-                        "  Matrix(std::size_t r, std::size_t c);\n  T& operator()(std::size_t i, std::size_t j);\n private:\n"
-                        "  std::size_t rows_, cols_;\n};\n}  // namespace linalg\n"),
-    ("cpp", "shape.hpp", "class Shape {\npublic:\n    virtual ~Shape() = default;\n    virtual double area() const = 0;\n};\n"),
-    ("cpp", "util.cc", '#include "util.h"\n#include <string>\n\nnamespace util {\nstd::string trim(const std::string& s) {\n'
-                       "  auto b = s.find_first_not_of(' ');\n  auto e = s.find_last_not_of(' ');\n"
-                       '  return b == std::string::npos ? "" : s.substr(b, e - b + 1);\n}\n}  // namespace util\n'),
-    ("cpp", "widget.h", "#ifndef WIDGET_H\n#define WIDGET_H\nclass Widget : public Base {\n public:\n"
-                        "  explicit Widget(int id) : id_(id) {}\n  int id() const { return id_; }\n private:\n  int id_ = 0;\n};\n#endif\n"),
-    ("go", "main.go", 'package main\n\nimport "fmt"\n\nfunc main() {\n\tfmt.Println("hello")\n}\n'),
-    ("go", "store.go", 'package store\n\nimport (\n\t"errors"\n\t"sync"\n)\n\ntype Store struct {\n\tmu sync.Mutex\n\tm  map[string]string\n}\n\n'
-                       "func (s *Store) Get(k string) (string, error) {\n\ts.mu.Lock()\n\tdefer s.mu.Unlock()\n\tv, ok := s.m[k]\n"
-                       '\tif !ok {\n\t\treturn "", errors.New("missing")\n\t}\n\treturn v, nil\n}\n'),
-    ("go", "worker.go", "func worker(jobs <-chan int, results chan<- int) {\n\tfor j := range jobs {\n\t\tresults <- j * 2\n\t}\n}\n"),
-    ("go", "read.go", "func readAll(path string) ([]byte, error) {\n\tf, err := os.Open(path)\n\tif err != nil {\n\t\treturn nil, err\n\t}\n"
-                      "\tdefer f.Close()\n\treturn io.ReadAll(f)\n}\n"),
-    ("go", "types.go", "package api\n\ntype Handler interface {\n\tServe(req *Request) (*Response, error)\n}\n\nvar DefaultTimeout = 30\n"),
-    ("javascript", "app.js", 'const express = require("express");\nconst app = express();\n\napp.get("/", (req, res) => {\n'
-                             '  res.send("ok");\n});\n\nmodule.exports = app;\n'),
-    ("javascript", "dom.js", 'document.addEventListener("DOMContentLoaded", function () {\n  var btn = document.getElementById("go");\n'
-                             '  btn.onclick = function () { console.log("clicked"); };\n});\n'),
-    ("javascript", "util.mjs", "export function debounce(fn, ms) {\n  let t;\n  return (...args) => {\n    clearTimeout(t);\n"
-                               "    t = setTimeout(() => fn(...args), ms);\n  };\n}\n"),
-    ("javascript", "fetch.js", 'async function load(url) {\n  const res = await fetch(url);\n  if (res.status !== 200) throw new Error("bad status");\n'
-                               "  return res.json();\n}\n"),
-    ("javascript", "cli.js", '#!/usr/bin/env node\nconst args = process.argv.slice(2);\nconsole.log(args.join(" "));\n'),
-    ("typescript", "user.ts", "export interface User {\n  id: number;\n  name: string;\n  email?: string;\n}\n\n"
-                              "export function greet(u: User): string {\n  return `Hello, ${u.name}`;\n}\n"),
-    ("typescript", "queue.ts", "export class Queue<T> {\n  private items: T[] = [];\n  push(item: T): void { this.items.push(item); }\n"
-                               "  pop(): T | undefined { return this.items.shift(); }\n}\n"),
-    ("typescript", "types.ts", "type Result<T> = { ok: true; value: T } | { ok: false; error: string };\n\nenum Color { Red, Green, Blue }\n\n"
-                               'const names = ["a", "b"] as const;\n'),
-    ("typescript", "sum.ts", "function sum(xs: number[]): number {\n  return xs.reduce((a, b) => a + b, 0);\n}\n"
-                             "const total: number = sum([1, 2, 3]);\n"),
-    ("typescript", "button.tsx", 'import React from "react";\n\ntype Props = { label: string; onClick: () => void };\n\n'
-                                 "export const Button = ({ label, onClick }: Props) => <button onClick={onClick}>{label}</button>;\n"),
-    ("rust", "main.rs", 'fn main() {\n    let mut v = Vec::new();\n    v.push(1);\n    println!("{:?}", v);\n}\n'),
-    ("rust", "point.rs", "#[derive(Debug, Clone, Copy)]\npub struct Point { pub x: f64, pub y: f64 }\n\nimpl Point {\n"
-                         "    pub fn norm(&self) -> f64 { (self.x * self.x + self.y * self.y).sqrt() }\n}\n"),
-    ("rust", "parse.rs", "use std::num::ParseIntError;\n\nfn parse(s: &str) -> Result<i32, ParseIntError> {\n"
-                         "    let n = s.trim().parse::<i32>()?;\n    Ok(n * 2)\n}\n"),
-    ("rust", "lib.rs", "#![allow(dead_code)]\nmod util;\n\npub trait Area {\n    fn area(&self) -> f64;\n}\n"),
-    ("rust", "opt.rs", "fn first_even(xs: &[i32]) -> Option<i32> {\n    match xs.iter().find(|x| *x % 2 == 0) {\n"
-                       "        Some(x) => Some(*x),\n        None => None,\n    }\n}\n"),
-    ("shell", "build.sh", '#!/bin/bash\nset -euo pipefail\n\nfor f in src/*.c; do\n    gcc -c "$f" -o "${f%.c}.o"\ndone\necho "done"\n'),
-    ("shell", "install.sh", '#!/bin/sh\nPREFIX=${PREFIX:-/usr/local}\nif [ ! -d "$PREFIX/bin" ]; then\n    mkdir -p "$PREFIX/bin"\nfi\n'
-                            'cp tool "$PREFIX/bin/"\n'),
-    ("shell", "env.sh", "export PATH=\"$HOME/bin:$PATH\"\nexport EDITOR=vim\nalias ll='ls -la'\n"),
-    ("shell", "ctl.sh", 'case "$1" in\n  start) run_start ;;\n  stop) run_stop ;;\n  *) echo "usage: $0 start|stop"; exit 1 ;;\nesac\n'),
-    ("shell", ".bashrc", '# ~/.bashrc\n[ -z "$PS1" ] && return\nHISTSIZE=10000\nsource ~/.aliases\n'),
-]
 
 # %% ../nbs/01b_data.filters.ipynb #5f3d78c8
 TAB_FILES = {"makefile", "gnumakefile", "bsdmakefile"}  # tabs are syntax there
@@ -333,29 +220,6 @@ def quality_problem(text:str, # cleaned source
     if len(_ALNUM.findall(text)) / len(text) < th.min_alnum_fraction: return "alnum_fraction"
     if sum(map(is_data_line, lines)) / len(lines) > th.max_data_fraction: return "data_lines"
     return None
-
-# %% ../nbs/01b_data.filters.ipynb #a46021e0
-_rng = random.Random(0)
-QUALITY_CASES = [  # (expected reason or None, path, text)
-    ("lockfile", "web/package-lock.json", '{\n  "name": "web",\n  "lockfileVersion": 3,\n  "packages": {}\n}\n'),
-    ("generated", "api/service_pb2.py", "import sys\nfrom google.protobuf import descriptor as _descriptor\nDESCRIPTOR = None\n"),
-    ("generated", "app/migrations/0001_initial.py", "# Generated by Django 4.2 on 2024-01-01 12:00\n\nfrom django.db import migrations\n\n"
-                                                   "class Migration(migrations.Migration):\n    initial = True\n"),
-    ("generated", "zz_deepcopy.go", "// Code generated by controller-gen. DO NOT EDIT.\n\npackage v1\n\nfunc (in *Spec) DeepCopy() *Spec {\n"
-                                    "\treturn in\n}\n"),
-    ("minified", "static/jquery.min.js", "/*! jQuery v3.7.1 */\n!function(e,t){e.x=t}(this,function(){return 1});\nvar a=1;\n"),
-    ("too_few_lines", "version.py", '__version__ = "1.0"\n'),
-    ("max_line_length", "bundle.js", "var a=[" + ",".join(f'"k{i}"' for i in range(400)) + "];\nvar b=a.length;\nexport default b;\n"),
-    ("mean_line_length", "wide.py", "".join(f"x{i} = compute({', '.join(f'arg_{j}' for j in range(20))})\n" for i in range(10))),
-    ("alnum_fraction", "banner.py", "# " + "=" * 60 + "\n" + "#  ||  ..  ||  --  ||\n" * 10 + "# " + "=" * 60 + "\npass\n"),
-    ("data_lines", "sbox.py", "SBOX = [\n" + "".join("    " + ", ".join(f"0x{_rng.randrange(256):02x}" for _ in range(16)) + ",\n"
-                                                 for _ in range(16)) + "]\n"),
-    ("data_lines", "icon.py", "ICON = (\n" + "".join(f"    '{base64.b64encode(_rng.randbytes(45)).decode()}'\n" for _ in range(12)) + ")\n"),
-    (None, "mean.py", 'import math\n\ndef mean(xs):\n    """Arithmetic mean."""\n    return sum(xs) / len(xs)\n'),
-    (None, "main.go", 'package main\n\nimport "fmt"\n\nfunc main() {\n\tfmt.Println("hello")\n}\n'),
-    (None, "table.py", "# a small lookup table inside real code is fine\nPRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]\n\n"
-                       "def is_small_prime(n):\n    return n in PRIMES\n"),
-]
 
 # %% ../nbs/01b_data.filters.ipynb #81f9fc22
 PLACEHOLDERS = {t: f"<{t}>" for t in ("EMAIL", "IP_ADDRESS", "KEY", "PRIVATE_KEY", "PASSWORD")}
@@ -558,204 +422,7 @@ def redact(text:str) -> tuple[str, Counter]:
     return "".join(out) + text[pos:], Counter(kind for *_, kind in spans)
 
 # %% ../nbs/01b_data.filters.ipynb #7bce748a
-_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-_ALNUM62, _UPPER_DIGITS, _HEX = _B64[:62], _B64[:26] + _B64[52:62], "0123456789abcdef"
-
-def fake_token(prefix:str, n:int, alphabet:str=_ALNUM62, seed:int=0) -> str:
-    "A deterministic random-looking token: `prefix` and `n` characters of `alphabet`."
-    rng = random.Random(hashlib.sha256(f"{prefix}|{n}|{alphabet}|{seed}".encode()).digest())
-    return prefix + "".join(rng.choice(alphabet) for _ in range(n))
-
-def _fake_jwt(payload:dict) -> str:
-    enc = lambda d: base64.urlsafe_b64encode(json.dumps(d, separators=(",", ":")).encode()).decode().rstrip("=")
-    return f"{enc({'alg': 'HS256', 'typ': 'JWT'})}.{enc(payload)}.{fake_token('', 43, _ALNUM62 + '-_')}"
-
-def _fake_pem(kind:str="RSA PRIVATE KEY", lines:int=4, sep:str="\n", seed:int=0, indent:str="") -> str:
-    body = (sep + indent).join(fake_token("", 64, _B64, seed=seed * 100 + i) for i in range(lines))
-    return f"-----BEGIN {kind}-----{sep}{indent}{body}{sep}{indent}-----END {kind}-----"
-
-_aws_id, _aws_secret = fake_token("AKIA", 16, _UPPER_DIGITS), fake_token("", 40, _B64, seed=1)
-_pems = [_fake_pem(), _fake_pem("EC PRIVATE KEY", 3, seed=1), _fake_pem("PRIVATE KEY", 5, seed=2, indent="  "),
-         _fake_pem("OPENSSH PRIVATE KEY", 6, seed=3), _fake_pem("ENCRYPTED PRIVATE KEY", 4, seed=4),
-         _fake_pem("RSA PRIVATE KEY", 2, sep="\\n", seed=5)]
-_pem_cut = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(fake_token("", 64, _B64, seed=600 + i) for i in range(3))
-_putty = "PuTTY-User-Key-File-2: ssh-rsa\nEncryption: none\nComment: rsa-key-20240101\nPublic-Lines: 2\n" + \
-         "\n".join(fake_token("", 64, _B64, seed=700 + i) for i in range(2)) + "\nPrivate-Lines: 2\n" + \
-         "\n".join(fake_token("", 64, _B64, seed=710 + i) for i in range(2)) + f"\nPrivate-MAC: {fake_token('', 40, _HEX)}"
-_jwts = [_fake_jwt({"sub": "1234567890", "name": "Jane", "iat": 1516239022}), _fake_jwt({"user_id": 42, "role": "admin"})]
-_tok = {p: fake_token(p, n, a) for p, n, a in [
-    ("ghp_", 36, _ALNUM62), ("gho_", 36, _ALNUM62), ("ghs_", 36, _ALNUM62), ("github_pat_", 82, _ALNUM62 + "_"),
-    ("glpat-", 20, _ALNUM62 + "-_"), ("xoxb-2416271-8124561-", 24, _ALNUM62), ("xoxp-", 40, _ALNUM62 + "-"),
-    ("sk_live_", 99, _ALNUM62), ("sk_test_", 24, _ALNUM62), ("AIza", 35, _ALNUM62 + "-_"), ("hf_", 34, _ALNUM62),
-    ("sk-proj-", 64, _ALNUM62 + "-_")]}
-_sendgrid = fake_token("SG.", 22, _ALNUM62 + "-_") + fake_token(".", 43, _ALNUM62 + "-_")
-_generic = [fake_token("", 32, _ALNUM62, seed=2), fake_token("", 40, _HEX, seed=3), fake_token("", 24, _ALNUM62, seed=4),
-            fake_token("", 50, _ALNUM62 + "-_", seed=5), fake_token("", 28, _ALNUM62, seed=6)]
-
-REDACTION_CASES = [  # (type, secret, text): right = `text` with `secret` replaced by `<type>`; type None: a hard negative
-    ("EMAIL", "jane.doe@gmail.com", '__author__ = "Jane Doe <jane.doe@gmail.com>"'),
-    ("EMAIL", "bob.smith+dev@company.io", "# Contact: bob.smith+dev@company.io"),
-    ("EMAIL", "x_y@mail.univ.edu", "MAINTAINER = 'x_y@mail.univ.edu'"),
-    ("EMAIL", "alice@corp.co.uk", '<a href="mailto:alice@corp.co.uk">Alice</a>'),
-    ("EMAIL", "ops-team@acme-corp.com", 'String to = "ops-team@acme-corp.com";'),
-    ("EMAIL", "someone@startup.dev", "  email: 'someone@startup.dev',"),
-    ("EMAIL", "hans@uni-bonn.de", "/* Written by Hans Mueller <hans@uni-bonn.de> */"),
-    ("EMAIL", "ann@rust-lang.org", 'authors = ["Ann <ann@rust-lang.org>"]'),
-    ("EMAIL", "dev@mycompany.net", 'git config user.email "dev@mycompany.net"'),
-    ("EMAIL", "ADMIN@EXAMPLECORP.COM", "// report bugs to ADMIN@EXAMPLECORP.COM"),
-    ("EMAIL", "m.rossi@azienda.it", "# Autore: Mario Rossi <m.rossi@azienda.it>"),
-    ("EMAIL", "noreply@service.io", 'FROM_ADDR = "noreply@service.io"'),
-    ("IP_ADDRESS", "10.0.12.7", 'HOST = "10.0.12.7"'),
-    ("IP_ADDRESS", "52.14.200.9", "server = '52.14.200.9'"),
-    ("IP_ADDRESS", "192.168.1.20", 'url = "http://192.168.1.20:8080/api"'),
-    ("IP_ADDRESS", "172.16.4.2", "ssh deploy@172.16.4.2 'sudo systemctl restart app'"),
-    ("IP_ADDRESS", "100.64.3.1", 'addr.s_addr = inet_addr("100.64.3.1");'),
-    ("IP_ADDRESS", "172.31.255.1", 'ip := net.ParseIP("172.31.255.1")'),
-    ("IP_ADDRESS", "34.120.5.78", "const ip = '34.120.5.78';"),
-    ("IP_ADDRESS", "10.1.2.3", 'HOSTS = ["10.1.2.3", "db"]'),
-    ("IP_ADDRESS", "2a00:1450:4001:82a::200e", 'resolver = "2a00:1450:4001:82a::200e"'),
-    ("IP_ADDRESS", "fe80::1ff:fe23:4567:890a", "# link-local fe80::1ff:fe23:4567:890a on eth0"),
-    ("IP_ADDRESS", "2607:f8b0:4005:80b::200e", 'fetch("http://[2607:f8b0:4005:80b::200e]:443/")'),
-    ("KEY", _aws_id, f'aws_access_key_id = "{_aws_id}"'),
-    ("KEY", _aws_id, f'{{"AccessKeyId": "{_aws_id}", "Expiration": "2024-01-01"}}'),
-    ("KEY", _aws_secret, f'AWS_SECRET_ACCESS_KEY = "{_aws_secret}"'),
-    ("KEY", _aws_secret, f"aws_secret_access_key = {_aws_secret}"),
-    ("KEY", _tok["ghp_"], f'GITHUB_TOKEN = "{_tok["ghp_"]}"'),
-    ("KEY", _tok["gho_"], f"headers = {{'Authorization': 'token {_tok['gho_']}'}}"),
-    ("KEY", _tok["ghs_"], f"export GH_TOKEN={_tok['ghs_']}"),
-    ("KEY", _tok["github_pat_"], f'let pat = "{_tok["github_pat_"]}";'),
-    ("KEY", _tok["glpat-"], f"CI_TOKEN: {_tok['glpat-']}"),
-    ("KEY", _tok["xoxb-2416271-8124561-"], f'slack = WebClient(token="{_tok["xoxb-2416271-8124561-"]}")'),
-    ("KEY", _tok["xoxp-"], f"SLACK_USER_TOKEN={_tok['xoxp-']}"),
-    ("KEY", _tok["sk_live_"], f'stripe.api_key = "{_tok["sk_live_"]}"'),
-    ("KEY", _tok["sk_test_"], f"const stripe = require('stripe')('{_tok['sk_test_']}');"),
-    ("KEY", _tok["AIza"], f'GOOGLE_MAPS_KEY = "{_tok["AIza"]}"'),
-    ("KEY", _tok["hf_"], f'huggingface_hub.login("{_tok["hf_"]}")'),
-    ("KEY", _tok["sk-proj-"], f'headers = {{"Authorization": "Bearer {_tok["sk-proj-"]}"}}'),
-    ("KEY", _sendgrid, f"sg = SendGridAPIClient('{_sendgrid}')"),
-    ("KEY", _jwts[0], f'Authorization: "Bearer {_jwts[0]}"'),
-    ("KEY", _jwts[1], f"session = '{_jwts[1]}'"),
-    ("KEY", _generic[0], f'API_KEY = "{_generic[0]}"'),
-    ("KEY", _generic[0], f'export AWS_SECRET_ACCESS_KEY="{_generic[0]}"'),
-    ("KEY", _generic[1], f"client_secret: '{_generic[1]}'"),
-    ("KEY", _generic[2], f'apiKey := "{_generic[2]}"'),
-    ("KEY", _generic[2], f'client = Client(client_secret="{_generic[2]}")'),
-    ("KEY", _generic[3], f"SECRET_KEY = '{_generic[3]}'"),
-    ("KEY", _generic[4], f'{{"access_token": "{_generic[4]}", "expires_in": 3600}}'),
-    ("PRIVATE_KEY", _pems[0], f'KEY = """{_pems[0]}\n"""'),
-    ("PRIVATE_KEY", _pems[1], _pems[1]),
-    ("PRIVATE_KEY", _pems[2], f"tls:\n  private_key: |\n  {_pems[2]}"),
-    ("PRIVATE_KEY", _pems[3], f"cat > ~/.ssh/id_ed25519 <<'EOF'\n{_pems[3]}\nEOF"),
-    ("PRIVATE_KEY", _pems[4], f"pem = b'''{_pems[4]}'''"),
-    ("PRIVATE_KEY", _pems[5], f'const key = "{_pems[5]}\\n";'),
-    ("PRIVATE_KEY", _pem_cut, f'KEY = """{_pem_cut}'),
-    ("PRIVATE_KEY", _putty, f"{_putty}\n"),
-    ("PASSWORD", "hunter2!", 'password = "hunter2!"'),
-    ("PASSWORD", "s3cr3t-P@ss", "DB_PASSWORD = 's3cr3t-P@ss'"),
-    ("PASSWORD", "Tr0ub4dor&3", "  password: Tr0ub4dor&3"),
-    ("PASSWORD", "rootpw123", "MYSQL_ROOT_PASSWORD=rootpw123"),
-    ("PASSWORD", "S3cretPass", 'DATABASE_URL = "postgres://admin:S3cretPass@db.internal:5432/app"'),
-    ("PASSWORD", "p4ssw0rd", 'REDIS_URL = "redis://:p4ssw0rd@redis.internal:6379/0"'),
-    ("PASSWORD", "guest123", "ftp://anonymous:guest123@ftp.mirror.org/pub/"),
-    ("PASSWORD", "qwerty123", 'conn.login("admin", password="qwerty123")'),
-    ("PASSWORD", "abc123xyz", "smtp.login(user, passwd='abc123xyz')"),
-    ("PASSWORD", "gopher42", '\tPassword: "gopher42",'),
-    ("PASSWORD", "pa55word", "export PGPASSWORD=pa55word"),
-    ("PASSWORD", "rusty-pass-9", 'let password = "rusty-pass-9";'),
-    ("PASSWORD", "letmein2024", 'String pwd = "letmein2024";'),
-    ("PASSWORD", "Winter2023!", '{"username": "svc", "password": "Winter2023!"}'),
-    ("PASSWORD", "foo$bar9", "password=foo$bar9"),
-    ("PASSWORD", "s3cret99", "'password' => 's3cret99',"),
-    ("PASSWORD", "Sup3r!", 'cfg["db"]["password"] = "Sup3r!"'),
-    ("PASSWORD", "tiger123", "spring.datasource.password=tiger123"),
-    ("PASSWORD", "hunter22", "DB_PASS=hunter22"),
-    (None, None, "self.assertEqual(h.hexdigest(), 'da39a3ee5e6b4b0d3255bfef95601890afd80709')"),
-    (None, None, 'expected = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"'),
-    (None, None, 'commit = "3f786850e387550fdab836ed7e6dc881de23001b"'),
-    (None, None, 'request_id = "123e4567-e89b-12d3-a456-426614174000"'),
-    (None, None, 'api_key = "123e4567-e89b-12d3-a456-426614174000"'),
-    (None, None, 'secret = "0123456789abcdef0123456789abcdef"'),
-    (None, None, 'SECRET_KEY = "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"'),
-    (None, None, '__version__ = "1.2.3.4"'),
-    (None, None, "pip install somepkg==2.0.0.1"),
-    (None, None, "Version: 10.0.19041.1"),
-    (None, None, 'RSA_SHA256 = "1.2.840.113549.1.1.11"'),
-    (None, None, "oid = ObjectIdentifier('2.5.4.3')  # commonName"),
-    (None, None, "socket.inet_aton('1.2.3.4')"),
-    (None, None, 'app.run(host="127.0.0.1", port=5000)'),
-    (None, None, 'server.bind(("0.0.0.0", 8080))'),
-    (None, None, 'DEFAULT_HOST = "localhost"; BASE = "http://localhost:8000/"'),
-    (None, None, 'sock.connect(("::1", 80))'),
-    (None, None, "netmask = '255.255.255.0'"),
-    (None, None, "allow = ['10.0.0.0/8', '172.16.0.0/12']"),
-    (None, None, "docs = 'see 192.0.2.1 and 2001:db8::1 (documentation ranges)'"),
-    (None, None, "META = 'http://169.254.169.254/latest/meta-data/'"),
-    (None, None, "x = a[::2] + b[1::3] + c[::-1]"),
-    (None, None, "std::vector<std::string> names;"),
-    (None, None, 'when = "12:30:45"'),
-    (None, None, "@property\ndef name(self): return self._name"),
-    (None, None, "y = x@self.weight.mT + b@w.T"),
-    (None, None, 'icon = "logo@2x.png"'),
-    (None, None, 'bundle = "app@next.js"'),
-    (None, None, 'archive = "pkg@v2.tar.gz"'),
-    (None, None, "lodash@4.17.21"),
-    (None, None, "image: python@sha256:1b2c3d"),
-    (None, None, 'import "@types/node";'),
-    (None, None, "'%s@%s' % (user, host)"),
-    (None, None, "git clone git@github.com:python/cpython.git"),
-    (None, None, 'contact = "user@example.com"'),
-    (None, None, "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUDfNcBNQm2zX1yyqPr5dhJ/cY5l4wCgYIKoZIzj0EAwIw\n-----END CERTIFICATE-----"),
-    (None, None, "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEYWnm7sYj1A5yd8LZk3dQmF9N5dQbPZ\n-----END PUBLIC KEY-----"),
-    (None, None, "-----BEGIN RSA PRIVATE KEY-----\n...\n-----END RSA PRIVATE KEY-----"),
-    (None, None, 'if line.startswith("-----BEGIN RSA PRIVATE KEY-----"):\n    in_key = True'),
-    (None, None, 'HEADER = "-----BEGIN PRIVATE KEY-----"\nFOOTER = "-----END PRIVATE KEY-----"'),
-    (None, None, 'password = ""'),
-    (None, None, "password=None"),
-    (None, None, "password = getpass.getpass()"),
-    (None, None, 'password = os.environ["DB_PASSWORD"]'),
-    (None, None, "conn = connect(user=user, password=password)"),
-    (None, None, "pwd = self.pwd"),
-    (None, None, "user, password = 'wile', 'coyote'"),
-    (None, None, 'password: "${DB_PASSWORD}"'),
-    (None, None, "secret: ${{ secrets.API_KEY }}"),
-    (None, None, 'dsn = f"postgresql://{user}:{password}@{host}/db"'),
-    (None, None, 'password = f"{prefix}-{suffix}"'),
-    (None, None, 'const password = prompt("Password?");'),
-    (None, None, 'api_key = os.getenv("API_KEY")'),
-    (None, None, 'API_KEY = "YOUR_API_KEY_HERE"'),
-    (None, None, 'secret = "<your-secret>"'),
-    (None, None, 'password = "********"'),
-    (None, None, 'password = "changeme"'),
-    (None, None, 'prompt = "Password: "'),
-    (None, None, "password: str = field(default='')"),
-    (None, None, "PASSWORD_MIN_LENGTH = 8"),
-    (None, None, 'PASSWORD_RE = r"^(?=.*\\d).{8,}$"'),
-    (None, None, 'password_hash = "$2b$12$KIXQJxYHZk4tQG7ZJ1W0Ye"'),
-    (None, None, 'token_type = "Bearer"'),
-    (None, None, 'if token == "EOF":'),
-    (None, None, 'TOKEN_URL = "https://oauth2.googleapis.com/token"'),
-    (None, None, 'cache_key = "user:profile:1234"'),
-    (None, None, "FILTERS = {'bandpass': 'bandpass', 'lowpass': 'lowpass'}"),
-    (None, None, "export OLDPWD=/home/me/src"),
-    (None, None, 'AttributeOID.CHALLENGE_PASSWORD: "challengePassword",'),
-    (None, None, '"pwd": "IPython.core.magics.osm:OSMagics",'),
-    (None, None, '"runtime_auth": "databricks_oauth_m2m",'),
-    (None, None, '"next_page_token": "eyJpbmRleCI6IDExfQ==",'),
-    (None, None, "TimeStampToken = rfc3161.TimeStampToken"),
-    (None, None, '"minimum": "3.46.0.6", "maximum": "3.46.0.12"'),
-    (None, None, '__version__ = "10.2.3.4"'),
-    (None, None, "MAX_EXPERIMENTS_PER_PASS = 500"),
-    (None, None, 'password = ":****"'),
-    (None, None, 'uri = "postgresql://postgres:postgres@localhost:5432/test"'),
-    (None, None, '<assemblyIdentity name="Microsoft.VC90.CRT" publicKeyToken="1fc8b3b9a1e18e3b"/>'),
-    (None, None, "inductor_config.post_grad_custom_post_pass = _concat_linear_dq8w4_cpu"),
-    (None, None, 'verify_token="eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9...",'),
-    (None, None, '"github_token": "01_actions.ipynb",'),
-    (None, None, "tokens = tokenize.generate_tokens(readline)"),
-    (None, None, 'color = "#ff00aa"; data = [1.0, 2.5, 3.25, 4.125]'),
-]
-
-def score_redaction(cases=REDACTION_CASES) -> list[dict]:
+def score_redaction(cases:list[tuple]) -> list[dict]:
     "Per type: cases, exactly right, recall and misses; for the hard negatives (type None): false positives."
     rows = {}
     for kind, secret, text in cases:

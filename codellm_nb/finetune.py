@@ -4,12 +4,12 @@
 
 # %% ../nbs/03_finetune.ipynb #bfb7378c
 from __future__ import annotations
-import hashlib, json, math, time
+import json
 from pathlib import Path
 import numpy as np, torch
-from tqdm.auto import tqdm
-from .core import Preset, Timer, get_logger, get_preset, read_jsonl, read_manifest, seed_everything, stage_dir, write_manifest
-from .data import sft_prompt
+from tqdm import tqdm
+from .core import Preset, Timer, get_logger, read_jsonl, read_manifest, seed_everything, stage_dir, write_manifest
+from .sft import sft_heldout, sft_prompt
 
 # %% auto #0
 __all__ = ['LORA_TARGETS', 'load_sft', 'encode_sft', 'collate', 'sft_loss', 'finetune']
@@ -67,7 +67,7 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     recs, bad = load_sft(Path(run_dir) / "data" / "sft.jsonl")
     pairs = [(r, e) for r in recs if (e := encode_sft(r, tok, cfg.ft_max_len))]
-    is_val = [int(hashlib.sha1(r["input"].encode()).hexdigest()[:4], 16) % 20 == 0 for r, _ in pairs]  # ~5%, stable
+    is_val = [sft_heldout(r) for r, _ in pairs]  # ~5%, the split the evaluation stage holds out too
     val = [e for (_, e), v in zip(pairs, is_val) if v][:200]
     train = [e for (_, e), v in zip(pairs, is_val) if not v]
     model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.05,

@@ -4,20 +4,23 @@
 
 # %% ../nbs/00b_measure.ipynb #af4ad4ba
 from __future__ import annotations
+from typing import TYPE_CHECKING
 import datetime, json, math, os, platform
 from pathlib import Path
-import numpy as np, torch
+import numpy as np  # torch is imported by the functions that use it: tables and machine facts load without it
 from .core import cpu_has_bf16, versions
+if TYPE_CHECKING: import torch
 
 # %% auto #0
 __all__ = ['token_blocks', 'token_bytes', 'heldout_sums', 'metrics_from_sums', 'heldout_metrics', 'cpu_model', 'machine_info',
-           'save_result', 'md_table', 'benchmark_summary']
+           'save_result', 'md_table', 'md_columns', 'benchmark_summary']
 
 # %% ../nbs/00b_measure.ipynb #12bbc4f1
 def token_blocks(tokens:np.ndarray, # 1-D token ids (a memory-mapped shard is fine)
                  idx,               # block numbers
                  seq_len:int) -> torch.Tensor:
     "Blocks number `idx` of `seq_len` tokens each, stacked into a `(len(idx), seq_len)` LongTensor."
+    import torch
     return torch.from_numpy(np.stack([np.asarray(tokens[b * seq_len:(b + 1) * seq_len]) for b in idx]).astype(np.int64))
 
 # %% ../nbs/00b_measure.ipynb #7417ed65
@@ -37,7 +40,6 @@ def token_bytes(tok) -> np.ndarray:
 def _device(model):
     return getattr(model, "device", None) or next(model.parameters()).device
 
-@torch.no_grad()
 def heldout_sums(model,                # causal LM: HF model, peft model or DeepSpeed engine
                  tokens:np.ndarray,    # held-out token ids, one long array
                  seq_len:int,          # tokens per block
@@ -46,6 +48,7 @@ def heldout_sums(model,                # causal LM: HF model, peft model or Deep
                  bs:int=8,             # blocks per forward pass
                  rank:int=0, world:int=1) -> torch.Tensor:
     "`[nats, predicted tokens, their bytes]` (float64) over this rank's share of the held-out blocks."
+    import torch
     n = min(len(tokens) // seq_len, max_blocks)
     if n == 0: raise ValueError(f"Need at least {seq_len} held-out tokens, got {len(tokens)}: raise val_frac or max_files, "
                                 "or lower seq_len")
@@ -54,14 +57,15 @@ def heldout_sums(model,                # causal LM: HF model, peft model or Deep
     batches = math.ceil(math.ceil(n / world) / bs)  # equal on every rank
     was_training, sums = model.training, torch.zeros(3, dtype=torch.float64)
     model.eval()
-    for b in range(batches):
-        idx = mine[b * bs:(b + 1) * bs]
-        x = token_blocks(tokens, idx if len(idx) else [0], seq_len).to(dev)  # (b, t)
-        logits = model(input_ids=x).logits                                   # (b, t, vocab)
-        if not len(idx): continue
-        y = x[:, 1:]  # every token but the first of a block is predicted from the ones before it
-        nats = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), y.flatten(), reduction="sum")
-        sums += torch.tensor([nats.item(), y.numel(), 0 if nb is None else nb[y.cpu()].sum().item()], dtype=torch.float64)
+    with torch.no_grad():
+        for b in range(batches):
+            idx = mine[b * bs:(b + 1) * bs]
+            x = token_blocks(tokens, idx if len(idx) else [0], seq_len).to(dev)  # (b, t)
+            logits = model(input_ids=x).logits                                   # (b, t, vocab)
+            if not len(idx): continue
+            y = x[:, 1:]  # every token but the first of a block is predicted from the ones before it
+            nats = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), y.flatten(), reduction="sum")
+            sums += torch.tensor([nats.item(), y.numel(), 0 if nb is None else nb[y.cpu()].sum().item()], dtype=torch.float64)
     model.train(was_training)
     return sums
 
@@ -92,6 +96,7 @@ def cpu_model() -> str:
 
 def machine_info() -> dict:
     "CPU, cores, bf16 support, torch's CPU kernels, threads, GPU and library versions of this process's machine."
+    import torch
     info = dict(date=datetime.date.today().isoformat(), cpu=cpu_model(), cores=len(os.sched_getaffinity(0)),
                 bf16=cpu_has_bf16(), cpu_kernels=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
                 gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
@@ -112,6 +117,11 @@ def md_table(rows:list[dict], columns:list[str]|None=None) -> str:
     cell = lambda v: f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str("" if v is None else v).replace("|", "\\|")
     return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] +
                       ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]) + "\n"
+
+def md_columns(columns:dict, keys=None, label:str="") -> str:
+    "A markdown table with a row per key and a column per entry of `columns` (e.g. model name -> its metrics; `_`-keys skipped)."
+    keys = keys or [k for k in next(iter(columns.values())) if not str(k).startswith("_")]
+    return md_table([{label: k, **{n: c.get(k, "") for n, c in columns.items()}} for k in keys], [label, *columns])
 
 def benchmark_summary(folder) -> list[dict]:
     "One row per benchmark result file in `folder`: what it measures, the figure, the target and the machine."

@@ -4,20 +4,19 @@
 
 # %% ../nbs/02_pretrain.ipynb #f981a93f
 from __future__ import annotations
-import argparse, dataclasses, json, math, os, random, re, shutil, subprocess, sys, tempfile, time
-from functools import partial
+import contextlib, dataclasses, json, math, os, random, re, shutil, subprocess, sys, time
 from pathlib import Path
 import numpy as np, torch
-from .core import (Preset, Timer, detect_device, get_logger, get_preset, parse_overrides,
-                             read_manifest, resolve_precision, seed_everything, set_threads, stage_dir, torch_dtype,
-                             write_manifest)
+from .core import (Preset, detect_device, get_logger, read_manifest, resolve_precision, run_job,
+                             seed_everything, set_threads, stage_dir, torch_dtype, write_job, write_manifest)
 from .measure import heldout_metrics, machine_info, token_bytes
 from .tokenizer import TokenLoader, load_tokens
 
 # %% auto #0
-__all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'batch_blocks', 'rng_state', 'set_rng_state',
-           'checkpoint_problem', 'find_checkpoint', 'save_checkpoint', 'flops_per_token', 'matmul_peak', 'param_groups',
-           'memory_mb', 'mlflow_run', 'train', 'main', 'launch_pretrain']
+__all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'rng_state', 'set_rng_state', 'checkpoint_problem',
+           'find_checkpoint', 'save_checkpoint', 'flops_per_token', 'matmul_peak', 'param_groups', 'memory_mb',
+           'mean_over_ranks', 'train_step', 'DataCursor', 'CheckpointClock', 'mlflow_run', 'Logbook', 'Speedometer',
+           'train', 'main', 'launch_pretrain']
 
 # %% ../nbs/02_pretrain.ipynb #828334d0
 def model_config(cfg:Preset, tok=None, vocab_size:int|None=None):
@@ -62,19 +61,6 @@ def ds_config(cfg:Preset, precision:str="fp32") -> dict:
         "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
         "steps_per_print": 10**9,
     }
-
-# %% ../nbs/02_pretrain.ipynb #96ffcb86
-def batch_blocks(step:int, micro:int, rank:int, cfg:Preset, n_blocks:int, world:int|None=None) -> np.ndarray:
-    "Indices of the `micro_batch` blocks (of `seq_len` tokens) that `rank` trains on at `step`, `micro`."
-    world = world or cfg.world_size
-    first = ((step * cfg.grad_accum + micro) * world + rank) * cfg.micro_batch
-    g = np.arange(first, first + cfg.micro_batch)
-    out = np.empty_like(g)
-    for epoch in np.unique(g // n_blocks):
-        perm = np.random.default_rng(cfg.seed + int(epoch)).permutation(n_blocks)
-        sel = g // n_blocks == epoch
-        out[sel] = perm[g[sel] % n_blocks]
-    return out
 
 # %% ../nbs/02_pretrain.ipynb #ae0d3458
 def rng_state() -> dict:
@@ -160,6 +146,117 @@ def memory_mb() -> float:
     import psutil
     return round(psutil.Process().memory_info().rss / 2**20, 1)
 
+def mean_over_ranks(x:float, world:int, device="cpu") -> float:
+    "The mean of `x` over the `world` ranks of the process group (`x` itself when there is one)."
+    if world == 1: return x
+    import torch.distributed as dist
+    t = torch.tensor([x], device=device); dist.all_reduce(t)
+    return t.item() / world
+
+def train_step(model, batches:list, backward, no_sync=None, poison:bool=False) -> float:
+    "Forward and backward on each micro-batch of one optimizer step; this rank's mean loss."
+    total = 0.0
+    for i, x in enumerate(batches):
+        with no_sync() if no_sync and i < len(batches) - 1 else contextlib.nullcontext():
+            loss = model(input_ids=x, labels=x).loss
+            if poison: loss = loss * float("nan")  # the fault drill (`CODELLM_INJECT_NAN`)
+            backward(loss)
+        total += loss.item()
+    return total / len(batches)
+
+# %% ../nbs/02_pretrain.ipynb #7a1f0c03
+class DataCursor:
+    "Where training stands in its data, in optimizer steps: reads each step's micro-batches, skips batches that blew up."
+    def __init__(self, loader:TokenLoader, grad_accum:int, data_step:int=0, skipped=()):
+        self.loader, self.grad_accum, self.data_step, self.skipped = loader, grad_accum, data_step, set(skipped)
+
+    def seek(self, data_step:int):
+        "Move to data step `data_step`, which starts at micro-batch `data_step * grad_accum`."
+        e, s = divmod(data_step * self.grad_accum, self.loader.steps_per_epoch)
+        self.loader.load_state_dict(dict(self.loader.state_dict(), epoch=e, step=s))
+        self.data_step = data_step
+
+    def next_batches(self, device="cpu") -> list:
+        "The micro-batches of the current data step (the next one not skipped)."
+        if self.data_step in self.skipped:
+            d = self.data_step
+            while d in self.skipped: d += 1
+            self.seek(d)
+        return [next(self.loader).to(device) for _ in range(self.grad_accum)]
+
+    def state(self) -> dict:
+        "What a checkpoint saves of it."
+        return dict(data_step=self.data_step, skipped=sorted(self.skipped), loader=self.loader.state_dict())
+
+class CheckpointClock:
+    "Whether a checkpoint is due: every `ckpt_every` steps or `ckpt_minutes` minutes (rank 0's clock decides for all)."
+    def __init__(self, cfg:Preset, world:int=1, device="cpu"):
+        self.cfg, self.world, self.device, self.last = cfg, world, device, time.perf_counter()
+
+    def due(self, step:int) -> bool:
+        c = self.cfg
+        due = bool(c.ckpt_every and step % c.ckpt_every == 0) or bool(c.ckpt_minutes and time.perf_counter() - self.last >= 60 * c.ckpt_minutes)
+        if c.ckpt_minutes and self.world > 1:
+            import torch.distributed as dist
+            t = torch.tensor([int(due)], device=self.device); dist.broadcast(t, 0); due = bool(t.item())
+        return due
+
+    def saved(self): self.last = time.perf_counter()
+
+# %% ../nbs/02_pretrain.ipynb #7a1f0c06
+def _metrics_file(path:Path, upto:int):
+    "Open `metrics.jsonl` for writing, keeping the records of steps <= `upto` (those a resume or rewind keeps)."
+    old = [l for l in open(path)] if upto and path.exists() else []
+    f = open(path, "w")
+    f.writelines(l for l in old if json.loads(l)["step"] <= upto); f.flush()
+    return f
+
+def mlflow_run(out:Path, cfg:Preset, resume:bool):
+    "The `mlflow` module with this stage's run active, or None when mlflow is not installed or `cfg.mlflow` is off."
+    if not cfg.mlflow: return None
+    try: import mlflow
+    except ImportError: return None
+    if not os.environ.get("MLFLOW_TRACKING_URI"):  # no tracking server configured: a local store inside the run
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        mlflow.set_tracking_uri((out / "mlruns").resolve().as_uri())
+    mlflow.set_experiment("codellm_nb")
+    id_file = out / "mlflow_run_id"
+    run_id = id_file.read_text().strip() if resume and id_file.exists() else None
+    run = mlflow.start_run(run_id=run_id, run_name=f"pretrain-{cfg.name}")
+    if run_id is None: id_file.write_text(run.info.run_id); mlflow.log_params(dataclasses.asdict(cfg))
+    return mlflow
+
+class Logbook:
+    "Rank 0's record of training: `metrics.jsonl`, TensorBoard, MLflow, progress and log lines (other ranks: nothing)."
+    def __init__(self, out:Path, cfg:Preset, start:int=0, on:bool=True):
+        self.out, self.cfg, self.start, self.on, self.log = Path(out), cfg, start, on, get_logger()
+        if not on: return
+        from torch.utils.tensorboard import SummaryWriter
+        self.metrics = _metrics_file(self.out / "metrics.jsonl", start)
+        self.tb = SummaryWriter(str(self.out / "tensorboard"), purge_step=start + 1 if start else None)
+        self.ml = mlflow_run(self.out, cfg, resume=bool(start))
+
+    def record(self, rec:dict):
+        if not self.on: return
+        self.metrics.write(json.dumps(rec) + "\n"); self.metrics.flush()
+        if os.environ.get("CODELLM_PROGRESS"): print(f"@progress {rec['step']} {self.cfg.steps} {rec['loss']}", flush=True)
+        scalars = {k: v for k, v in rec.items() if k != "step" and v is not None}
+        for k, v in scalars.items(): self.tb.add_scalar(f"pretrain/{k}", v, rec["step"])
+        if self.ml: self.ml.log_metrics(scalars, step=rec["step"])
+        if rec["step"] in (self.start + 1, self.cfg.steps) or rec["step"] % max(1, self.cfg.steps // 10) == 0:
+            self.log.info(" ".join(f"{k}={v}" for k, v in rec.items()))
+
+    def rewound(self, step:int, why:str):
+        "Training went back to `step`: forget the records after it."
+        if not self.on: return
+        self.log.warning(why)
+        self.metrics.close(); self.metrics = _metrics_file(self.out / "metrics.jsonl", step)
+
+    def close(self):
+        if not self.on: return
+        self.metrics.close(); self.tb.close()
+        if self.ml: self.ml.end_run()
+
 # %% ../nbs/02_pretrain.ipynb #6b2f1a74
 def _export_hf(engine, cfg:Preset, mcfg, tok, ckpt_dir:Path, tag:str, out:Path):
     "Consolidate the trained weights (fp32 master copy under ZeRO) into a Hugging Face folder."
@@ -184,181 +281,152 @@ def _restore(engine, tag:Path, rank:int) -> dict:
     return dict(step=client["step"], data_step=client.get("data_step", client["step"]), skipped=client.get("skipped", []),
                 loader=client.get("loader"))
 
-def _metrics_file(path:Path, upto:int):
-    "Open `metrics.jsonl` for writing, keeping the records of steps <= `upto` (those a resume or rewind keeps)."
-    old = [l for l in open(path)] if upto and path.exists() else []
-    f = open(path, "w")
-    f.writelines(l for l in old if json.loads(l)["step"] <= upto); f.flush()
-    return f
+class Speedometer:
+    "Tokens/s and MFU of a step from its wall time, against the matmul peak measured on every rank (summed)."
+    def __init__(self, cfg:Preset, vocab_size:int, precision:str, device, world:int=1):
+        peak = torch.tensor([matmul_peak(torch_dtype(precision), device)], device=device)
+        if world > 1:
+            import torch.distributed as dist
+            dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
+        self.peak, self.tokens = peak.item(), cfg.batch_seqs * cfg.seq_len
+        self.flops = flops_per_token(cfg, vocab_size) * self.tokens
 
-def mlflow_run(out:Path, cfg:Preset, resume:bool):
-    "The `mlflow` module with this stage's run active, or None when mlflow is not installed or `cfg.mlflow` is off."
-    if not cfg.mlflow: return None
-    try: import mlflow
-    except ImportError: return None
-    if not os.environ.get("MLFLOW_TRACKING_URI"):  # no tracking server configured: a local store inside the run
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        mlflow.set_tracking_uri((out / "mlruns").resolve().as_uri())
-    mlflow.set_experiment("codellm_nb")
-    id_file = out / "mlflow_run_id"
-    run_id = id_file.read_text().strip() if resume and id_file.exists() else None
-    run = mlflow.start_run(run_id=run_id, run_name=f"pretrain-{cfg.name}")
-    if run_id is None: id_file.write_text(run.info.run_id); mlflow.log_params(dataclasses.asdict(cfg))
-    return mlflow
+    def __call__(self, seconds:float) -> dict:
+        return dict(tokens_per_s=round(self.tokens / seconds, 1), mfu=round(self.flops / seconds / self.peak, 4))
 
-def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
-    "Pretrain on `<run_dir>/data` shards with DeepSpeed; run on every rank (see `launch_pretrain`)."
+# %% ../nbs/02_pretrain.ipynb #7a1f0c09
+def _build(run_dir, cfg:Preset):
+    "Everything a rank trains with: process group, data (checked), DeepSpeed engine; as one namespace."
     import deepspeed, deepspeed.comm as dist
+    from types import SimpleNamespace
     from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
     dev = detect_device()
-    precision = resolve_precision(cfg.precision, dev)
+    r = SimpleNamespace(dev=dev, precision=resolve_precision(cfg.precision, dev), log=get_logger(), run_dir=Path(run_dir),
+                        out=stage_dir(run_dir, "pretrain"), data_dir=Path(run_dir) / "data")
+    r.ckpt_dir = r.out / "checkpoints"
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
     deepspeed.init_distributed(dist_backend="gloo" if dev["kind"] == "cpu" else "nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != cfg.world_size:
-        raise ValueError(f"Launched with {world} processes but the preset expects nodes x ranks = {cfg.world_size}; "
-                         f"pass --set ranks={world} nodes=1 or launch {cfg.world_size} processes")
-    log, out = get_logger(), stage_dir(run_dir, "pretrain")
-    data_dir = Path(run_dir) / "data"
-    tok = AutoTokenizer.from_pretrained(data_dir / "tokenizer")
-    train_tok, val_tok = load_tokens(data_dir, "train"), load_tokens(data_dir, "val")
-    if int(train_tok.max()) >= len(tok):
-        raise ValueError(f"Shards hold token id {int(train_tok.max())} but the tokenizer has {len(tok)} tokens: "
+    r.rank, r.world = dist.get_rank(), dist.get_world_size()
+    if r.world != cfg.world_size:
+        raise ValueError(f"Launched with {r.world} processes but the preset expects nodes x ranks = {cfg.world_size}; "
+                         f"pass --set ranks={r.world} nodes=1 or launch {cfg.world_size} processes")
+    r.tok = AutoTokenizer.from_pretrained(r.data_dir / "tokenizer")
+    r.train_tok, r.val_tok = load_tokens(r.data_dir, "train"), load_tokens(r.data_dir, "val")
+    if int(r.train_tok.max()) >= len(r.tok):
+        raise ValueError(f"Shards hold token id {int(r.train_tok.max())} but the tokenizer has {len(r.tok)} tokens: "
                          "rerun `codellm data` so shards and tokenizer come from the same run")
-    n_blocks = len(train_tok) // cfg.seq_len
-    if n_blocks < cfg.batch_seqs:
-        raise ValueError(f"Only {n_blocks} training sequences of {cfg.seq_len} tokens: use more data (max_files) or a smaller batch")
-    if len(val_tok) < cfg.seq_len:
-        raise ValueError(f"The validation split has {len(val_tok)} tokens, fewer than one sequence of {cfg.seq_len}: "
+    if len(r.train_tok) // cfg.seq_len < cfg.batch_seqs:
+        raise ValueError(f"Only {len(r.train_tok) // cfg.seq_len} training sequences of {cfg.seq_len} tokens: "
+                         "use more data (max_files) or a smaller batch")
+    if len(r.val_tok) < cfg.seq_len:
+        raise ValueError(f"The validation split has {len(r.val_tok)} tokens, fewer than one sequence of {cfg.seq_len}: "
                          "raise val_frac or max_files in the data stage, or lower seq_len")
     seed_everything(cfg.seed)
-    mcfg, dsc = model_config(cfg, tok), ds_config(cfg, precision)
-    hf_ds = HfDeepSpeedConfig(dsc) if cfg.zero_stage == 3 else None  # noqa: F841 (must stay alive while building)
-    model = LlamaForCausalLM._from_config(mcfg)
-    if cfg.activation_checkpointing: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.weight_decay), config=dsc,
-                                      lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(
-                                          opt, lambda s: lr_at(s, cfg) / cfg.lr))
-    ckpt_dir, loop = out / "checkpoints", dict(step=0, data_step=0, skipped=[], loader=None)
-    loader = TokenLoader(train_tok, cfg.seq_len, cfg.micro_batch, rank, world, cfg.seed)  # prefetches in a thread
-    def seek(data_step:int):  # optimizer step `data_step` starts at micro-batch data_step * grad_accum
-        e, s = divmod(data_step * cfg.grad_accum, loader.steps_per_epoch)
-        loader.load_state_dict(dict(loader.state_dict(), epoch=e, step=s))
-    if resume:
-        tag = find_checkpoint(ckpt_dir, log if rank == 0 else None)
-        if tag is None:
-            if rank == 0: log.info("no valid checkpoint to resume from: starting from step 0")
-        else:
-            loop = _restore(engine, tag, rank)
-            if rank == 0: log.info(f"resumed from {tag.name}")
-    start = loop["step"]
-    if loop["loader"]: loader.load_state_dict(loop["loader"])  # refuses a position saved for other data or settings
+    r.mcfg, r.dsc = model_config(cfg, r.tok), ds_config(cfg, r.precision)
+    r.hf_ds = HfDeepSpeedConfig(r.dsc) if cfg.zero_stage == 3 else None  # must stay alive while the model is built
+    r.model = LlamaForCausalLM._from_config(r.mcfg)
+    if cfg.activation_checkpointing: r.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    schedule = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
+    r.engine, *_ = deepspeed.initialize(model=r.model, model_parameters=param_groups(r.model, cfg.weight_decay), config=r.dsc,
+                                        lr_scheduler=schedule)
+    return r
+
+def _resume(r, data:DataCursor, cfg:Preset) -> int:
+    "Restore the newest valid checkpoint into the engine and `data`; the step to continue from (0: none found)."
+    tag = find_checkpoint(r.ckpt_dir, r.log if r.rank == 0 else None)
+    if tag is None:
+        if r.rank == 0: r.log.info("no valid checkpoint to resume from: starting from step 0")
+        return 0
+    loop = _restore(r.engine, tag, r.rank)
+    data.data_step, data.skipped = loop["data_step"], set(loop["skipped"])
+    if loop["loader"]: data.loader.load_state_dict(loop["loader"])  # refuses a position saved for other data or settings
+    if r.rank == 0: r.log.info(f"resumed from {tag.name}")
+    return loop["step"]
+
+def _rewind(r, data:DataCursor, cfg:Preset, book:Logbook, rewinds:list, step:int, loss:float) -> int:
+    "After a non-finite loss: back to the newest checkpoint without the batch that blew up (or a clear stop); the step."
+    tag = find_checkpoint(r.ckpt_dir) if cfg.nan_policy == "rewind" and len(rewinds) < cfg.max_rewinds else None
+    if tag is None:
+        why = (f"after {len(rewinds)} rewinds" if rewinds else "and nan_policy=rewind found no checkpoint") \
+              if cfg.nan_policy == "rewind" else "(nan_policy=stop)"
+        raise FloatingPointError(f"Loss became {loss} at step {step + 1} {why}: lower lr (now {cfg.lr}), use fp32/bf16, "
+                                 "or set nan_policy=rewind to restart from the last checkpoint without the offending batch")
+    data.skipped.add(data.data_step)
+    back = _restore(r.engine, tag, r.rank)  # the weights the bad step corrupted are replaced wholesale
+    rewinds.append(dict(at_step=step + 1, to_step=back["step"], skipped_batch=data.data_step))
+    data.seek(back["data_step"])
+    book.rewound(back["step"], f"non-finite loss at step {step + 1}: rewound to {tag.name}, skipping batch {rewinds[-1]['skipped_batch']}")
+    return back["step"]
+
+# %% ../nbs/02_pretrain.ipynb #7a1f0c0a
+def _validate(r, cfg:Preset) -> dict:
+    "Held-out loss, perplexity and bits per byte, sharded across the ranks (`00b_measure`)."
+    h = heldout_metrics(r.engine, r.val_tok, cfg.seq_len, token_bytes(r.tok), bs=cfg.micro_batch, rank=r.rank, world=r.world)
+    return dict(val_loss=round(h["loss"], 6), val_ppl=round(h["ppl"], 3), val_bpb=round(h["bits_per_byte"], 5))
+
+def _finish(r, cfg:Preset, tag:str, start:int, rewinds:list, skipped:set, wall:float, peak:float) -> dict:
+    "Export the Hugging Face folder and write the manifest (rank 0); the run's metrics."
+    _export_hf(r.engine, cfg, r.mcfg, r.tok, r.ckpt_dir, tag, r.out / "hf")
+    recs = [json.loads(l) for l in open(r.out / "metrics.jsonl")]
+    val, timed = recs[-1]["val_loss"], recs[1:] or recs  # the first step includes warm-up
+    result = dict(params=sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in r.model.parameters()),
+                  precision=r.precision, world_size=r.world, zero_stage=cfg.zero_stage, steps=cfg.steps,
+                  train_loss=recs[-1]["loss"], val_loss=val, val_ppl=round(math.exp(val), 3), val_bits_per_byte=recs[-1]["val_bpb"],
+                  tokens_per_s=round(float(np.median([x["tokens_per_s"] for x in timed])), 1),
+                  mfu=round(float(np.median([x["mfu"] for x in timed])), 4), peak_tflops=round(peak / 1e12, 3),
+                  max_mem_mb=max(x["mem_mb"] for x in recs), wall_s=round(wall, 1), tokens=cfg.steps * cfg.batch_seqs * cfg.seq_len,
+                  resumed_from=start, rewinds=rewinds, skipped_batches=sorted(skipped))
+    write_manifest(r.run_dir, "pretrain", cfg, inputs={"data": str(r.data_dir)}, metrics=result, device=r.dev,
+                   machine=machine_info(), ds_config=r.dsc, checkpoint=str(r.ckpt_dir / tag))
+    r.log.info(f"exported {r.out / 'hf'}")
+    return result
+
+# %% ../nbs/02_pretrain.ipynb #7a1f0c0c
+def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
+    "Pretrain on `<run_dir>/data` shards with DeepSpeed; run on every rank (see `launch_pretrain`)."
+    import deepspeed.comm as dist
+    r = _build(run_dir, cfg)
+    engine, dev = r.engine, r.engine.device
+    data = DataCursor(TokenLoader(r.train_tok, cfg.seq_len, cfg.micro_batch, r.rank, r.world, cfg.seed), cfg.grad_accum)
+    start = _resume(r, data, cfg) if resume else 0
     if cfg.nan_policy == "rewind" and start == 0:  # something to rewind to even if the first steps blow up
-        save_checkpoint(engine, ckpt_dir, 0, rank, cfg.keep_ckpts, dict(data_step=0, skipped=[], loader=loader.state_dict()))
-    if rank == 0:  # keep the metrics of the steps being resumed from, drop those a crash left after them
-        from torch.utils.tensorboard import SummaryWriter
-        metrics = _metrics_file(out / "metrics.jsonl", start)
-        tb = SummaryWriter(str(out / "tensorboard"), purge_step=start + 1 if start else None)  # `tensorboard --logdir runs`
-        ml = mlflow_run(out, cfg, resume=bool(start))
-    peak = torch.tensor([matmul_peak(torch_dtype(precision), engine.device)], device=engine.device)
-    if world > 1: dist.all_reduce(peak)  # the cluster's peak: every rank measured its own share of the hardware
-    fpt, tokens_per_step, val_bytes = flops_per_token(cfg, len(tok)), cfg.batch_seqs * cfg.seq_len, token_bytes(tok)
-    poisoned = {int(s) for s in os.environ.get("CODELLM_INJECT_NAN", "").split(",") if s.strip()}  # fault drill
-    step, data_step, skipped, rewinds = start, loop["data_step"], set(loop["skipped"]), []
-    state = dict(data_step=data_step, skipped=sorted(skipped), loader=loader.state_dict())  # saved with each checkpoint
-    t_start = last_save = time.perf_counter()
+        save_checkpoint(engine, r.ckpt_dir, 0, r.rank, cfg.keep_ckpts, data.state())
+    book, clock = Logbook(r.out, cfg, start, on=r.rank == 0), CheckpointClock(cfg, r.world, dev)
+    speed = Speedometer(cfg, len(r.tok), r.precision, dev, r.world)
+    poisoned = {int(s) for s in os.environ.get("CODELLM_INJECT_NAN", "").split(",") if s.strip()}  # the fault drill
+    step, rewinds, t_start = start, [], time.perf_counter()
     while step < cfg.steps:
-        if data_step in skipped:  # batches that once blew up stay skipped, also after a resume
-            while data_step in skipped: data_step += 1
-            seek(data_step)
-        t0, loss_sum = time.perf_counter(), 0.0
-        for micro in range(cfg.grad_accum):
-            x = next(loader).to(engine.device)
-            loss = engine(input_ids=x, labels=x).loss
-            if data_step in poisoned: loss = loss * float("nan")
-            engine.backward(loss)
-            engine.step()
-            loss_sum += loss.item()
-        mean = torch.tensor([loss_sum / cfg.grad_accum], device=engine.device)
-        if world > 1: dist.all_reduce(mean); mean /= world
-        dt = time.perf_counter() - t0
-        if not math.isfinite(mean.item()):
-            tag = find_checkpoint(ckpt_dir) if cfg.nan_policy == "rewind" and len(rewinds) < cfg.max_rewinds else None
-            if tag is None:
-                why = (f"after {len(rewinds)} rewinds" if rewinds else "and nan_policy=rewind found no checkpoint") \
-                      if cfg.nan_policy == "rewind" else "(nan_policy=stop)"
-                raise FloatingPointError(f"Loss became {mean.item()} at step {step + 1} {why}: lower lr (now {cfg.lr}), "
-                                         "use fp32/bf16, or set nan_policy=rewind to restart from the last checkpoint "
-                                         "without the offending batch")
-            skipped.add(data_step)
-            back = _restore(engine, tag, rank)  # the weights the bad step corrupted are replaced wholesale
-            rewinds.append(dict(at_step=step + 1, to_step=back["step"], skipped_batch=data_step))
-            step, data_step = back["step"], back["data_step"]
-            seek(data_step)
-            if rank == 0:
-                log.warning(f"non-finite loss at step {rewinds[-1]['at_step']}: rewound to {tag.name}, skipping batch {rewinds[-1]['skipped_batch']}")
-                metrics.close(); metrics = _metrics_file(out / "metrics.jsonl", step)
+        t0, batches = time.perf_counter(), data.next_batches(dev)
+        loss = train_step(engine, batches, lambda l: (engine.backward(l), engine.step()), poison=data.data_step in poisoned)
+        loss = mean_over_ranks(loss, r.world, dev)
+        if not math.isfinite(loss):
+            step = _rewind(r, data, cfg, book, rewinds, step, loss)
             continue
-        data_step += 1
+        data.data_step += 1
         gn = engine.get_global_grad_norm()
-        rec = dict(step=step + 1, loss=round(mean.item(), 5), lr=float(f"{lr_at(step, cfg):.4g}"),
-                   grad_norm=None if gn is None else round(float(gn), 4), tokens_per_s=round(tokens_per_step / dt, 1),
-                   mfu=round(fpt * tokens_per_step / dt / peak.item(), 4), mem_mb=memory_mb())
+        rec = dict(step=step + 1, loss=round(loss, 5), lr=float(f"{lr_at(step, cfg):.4g}"),
+                   grad_norm=None if gn is None else round(float(gn), 4), **speed(time.perf_counter() - t0), mem_mb=memory_mb())
         last = step + 1 == cfg.steps
-        if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
-            h = heldout_metrics(engine, val_tok, cfg.seq_len, val_bytes, bs=cfg.micro_batch, rank=rank, world=world)
-            rec.update(val_loss=round(h["loss"], 6), val_ppl=round(h["ppl"], 3), val_bpb=round(h["bits_per_byte"], 5))
-        due = torch.tensor([int(bool(cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or
-                                bool(cfg.ckpt_minutes and time.perf_counter() - last_save >= 60 * cfg.ckpt_minutes))])
-        if cfg.ckpt_minutes and world > 1: dist.broadcast(due, 0)  # clocks differ: rank 0 decides for all
-        state = dict(data_step=data_step, skipped=sorted(skipped), loader=loader.state_dict())
-        if due.item() and not last:
-            save_checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_ckpts, state); last_save = time.perf_counter()
-        if rank == 0:
-            metrics.write(json.dumps(rec) + "\n"); metrics.flush()
-            if os.environ.get("CODELLM_PROGRESS"): print(f"@progress {rec['step']} {cfg.steps} {rec['loss']}", flush=True)
-            scalars = {k: v for k, v in rec.items() if k != "step" and v is not None}
-            for k, v in scalars.items(): tb.add_scalar(f"pretrain/{k}", v, rec["step"])
-            if ml: ml.log_metrics(scalars, step=rec["step"])
-            if step == start or last or (step + 1) % max(1, cfg.steps // 10) == 0:
-                log.info(" ".join(f"{k}={v}" for k, v in rec.items()))
+        if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0): rec.update(_validate(r, cfg))
+        if clock.due(step + 1) and not last:
+            save_checkpoint(engine, r.ckpt_dir, step + 1, r.rank, cfg.keep_ckpts, data.state()); clock.saved()
+        book.record(rec)
         step += 1
     wall = time.perf_counter() - t_start
-    loader.close()
-    tag = save_checkpoint(engine, ckpt_dir, cfg.steps, rank, cfg.keep_ckpts, state).name
-    result = None
-    if rank == 0:
-        metrics.close(); tb.close()
-        if ml: ml.end_run()
-        _export_hf(engine, cfg, mcfg, tok, ckpt_dir, tag, out / "hf")
-        recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
-        val = recs[-1]["val_loss"]
-        result = dict(params=sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()),
-                      precision=precision, world_size=world, zero_stage=cfg.zero_stage, steps=cfg.steps,
-                      train_loss=recs[-1]["loss"], val_loss=val, val_ppl=round(math.exp(val), 3),
-                      val_bits_per_byte=recs[-1]["val_bpb"],
-                      tokens_per_s=round(float(np.median([r["tokens_per_s"] for r in recs[1:] or recs])), 1),
-                      mfu=round(float(np.median([r["mfu"] for r in recs[1:] or recs])), 4), peak_tflops=round(peak.item() / 1e12, 3),
-                      max_mem_mb=max(r["mem_mb"] for r in recs), wall_s=round(wall, 1), tokens=cfg.steps * tokens_per_step,
-                      resumed_from=start, rewinds=rewinds, skipped_batches=sorted(skipped))
-        write_manifest(run_dir, "pretrain", cfg, inputs={"data": str(data_dir)}, metrics=result, device=dev, machine=machine_info(),
-                       ds_config=dsc, checkpoint=str(ckpt_dir / tag))
-        log.info(f"exported {out / 'hf'}")
+    data.loader.close()
+    tag = save_checkpoint(engine, r.ckpt_dir, cfg.steps, r.rank, cfg.keep_ckpts, data.state()).name
+    book.close()
+    result = _finish(r, cfg, tag, start, rewinds, data.skipped, wall, speed.peak) if r.rank == 0 else None
     dist.barrier()
     return result
 
 # %% ../nbs/02_pretrain.ipynb #8a3736cf
 def main(argv=None):
-    "Entry point of one training rank: `python -m codellm_nb.pretrain --run-dir D --preset P [--set k=v ...]`."
-    ap = argparse.ArgumentParser(description="Pretrain one rank (started by torchrun or deepspeed)")
-    ap.add_argument("--run-dir", required=True); ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--set", nargs="*", action="extend", default=[], help="preset overrides, key=value")
-    ap.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint, if any")
-    args, _ = ap.parse_known_args(argv)  # the deepspeed launcher adds --local_rank
-    train(args.run_dir, get_preset(args.preset, **parse_overrides(args.set)), resume=args.resume)
+    "Entry point of one training rank: `python -m codellm_nb.pretrain JOB.json`, a job file `launch_pretrain` wrote."
+    run_job(train, argv, "Pretrain one rank (started by torchrun or deepspeed)")
 
-def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=False, node_rank:int=0,
+def launch_pretrain(run_dir, cfg:Preset, resume:bool=False, node_rank:int=0,
                     master_addr:str="127.0.0.1", master_port:int=29517, echo=print) -> dict:
     "Run `train` on `cfg.nodes x cfg.ranks` processes with torchrun; returns the pretrain metrics."
     read_manifest(run_dir, "data")  # fail early, with the fix, if the data stage is missing
@@ -370,11 +438,11 @@ def launch_pretrain(run_dir, cfg:Preset, overrides:dict|None=None, resume:bool=F
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={cfg.nodes}", f"--nproc_per_node={cfg.ranks}"]
     cmd += ["--standalone"] if cfg.nodes == 1 else [f"--node_rank={node_rank}", f"--master_addr={master_addr}",
                                                      f"--master_port={master_port}"]
-    cmd += ["-m", "codellm_nb.pretrain", "--run-dir", str(run_dir), "--preset", cfg.name,
-            "--set", *[f"{k}={v}" for k, v in (overrides or {}).items()]] + (["--resume"] if resume else [])
+    job = write_job(stage_dir(run_dir, "pretrain") / "job.json", run_dir=str(run_dir), cfg=cfg, resume=resume)
+    cmd += ["-m", "codellm_nb.pretrain", str(job)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", CODELLM_PROGRESS="1")
     if dev["kind"] == "cpu": env["OMP_NUM_THREADS"] = str(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.ranks))
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p, \
          tqdm(total=cfg.steps, desc="pretrain", unit="step", leave=False) as bar:
         lines = []

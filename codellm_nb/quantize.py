@@ -4,13 +4,12 @@
 
 # %% ../nbs/04_quantize.ipynb #1f88e91b
 from __future__ import annotations
-import json, logging, math, shutil, time
+import json, logging, shutil, time
 from pathlib import Path
 import numpy as np, torch
-from .core import Preset, Timer, get_logger, get_preset, read_manifest, seed_everything, stage_dir, write_manifest
+from .core import Preset, get_logger, read_manifest, seed_everything, stage_dir, write_manifest
 from .measure import heldout_metrics
 from .tokenizer import load_tokens
-
 logging.getLogger("torchao").setLevel(logging.ERROR)  # it reports optional GPU kernels it cannot load on a CPU
 
 # %% auto #0

@@ -10,7 +10,7 @@ __all__ = ['DEFAULT_CHAT_TEMPLATE', 'NOT_IMPLEMENTED', 'cut_at_stop', 'safe_pref
 # %% ../nbs/05_serve.ipynb #29fb36b3
 import argparse, contextlib, json, os, resource, socket, subprocess, sys, threading, time, uuid
 from pathlib import Path
-from .core import Preset, get_logger, get_preset, read_manifest, seed_everything, set_threads, write_manifest
+from .core import get_logger, read_manifest, set_threads
 
 # %% ../nbs/05_serve.ipynb #5a526041
 def cut_at_stop(text:str, stop:list[str]) -> tuple[str, bool]:

@@ -8,19 +8,18 @@ import ast, builtins, copy, doctest, hashlib, io, keyword, random, re, textwrap,
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from pathlib import Path
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from .sandbox import run_program
 
 # %% auto #0
 __all__ = ['BUILTINS', 'SFT_INSTRUCTION', 'INSTRUCTIONS', 'TASKS', 'FIM_PREFIX', 'FIM_MIDDLE', 'FIM_SUFFIX', 'NAME_POOL',
-           'GENERATORS', 'MUTATIONS', 'extract_functions', 'docstring_to_code', 'sft_prompt', 'code_to_docstring',
-           'code_completion', 'fim_split', 'fim_format', 'fim_parse', 'fim_sample', 'strip_examples',
-           'doctest_to_unittest', 'unittest_program', 'standalone_reason', 'unittest_from_doctests', 'rename_locals',
-           'augment_function', 'record_code', 'doctest_program', 'instruction_records', 'sft_records', 'merge_stats',
-           'run_checks', 'verify_records', 'mix_records', 'to_context_response', 'mutants', 'doctest_candidates',
-           'preference_pairs', 'self_instruct_messages', 'self_instruct_prompts', 'parse_self_instruct',
-           'self_instruct', 'canned_chat_model']
+           'GENERATORS', 'MUTATIONS', 'extract_functions', 'docstring_to_code', 'sft_prompt', 'sft_heldout',
+           'code_to_docstring', 'code_completion', 'fim_split', 'fim_format', 'fim_parse', 'fim_sample',
+           'strip_examples', 'doctest_to_unittest', 'unittest_program', 'standalone_reason', 'unittest_from_doctests',
+           'rename_locals', 'augment_function', 'record_code', 'doctest_program', 'instruction_records', 'sft_records',
+           'merge_stats', 'run_checks', 'verify_records', 'mix_records', 'to_context_response', 'mutants',
+           'doctest_candidates', 'preference_pairs', 'self_instruct_messages', 'self_instruct_prompts',
+           'parse_self_instruct', 'self_instruct']
 
 # %% ../nbs/01e_data.sft.ipynb #d89b35fe
 _FUNC = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -140,6 +139,10 @@ def docstring_to_code(fn:dict, rng=None) -> tuple[dict|None, str|None]:
 def sft_prompt(rec:dict, lang:str="python") -> str:
     "The text a model sees before its answer: language tag, the instruction as a comment, then the input."
     return f"<|lang={lang}|># {rec['instruction']}\n{rec['input']}"
+
+def sft_heldout(rec:dict) -> bool:
+    "Whether `rec` is in the held-out twentieth of SFT records: by a hash of its input, so stable across runs and machines."
+    return int(hashlib.sha1(rec["input"].encode()).hexdigest()[:4], 16) % 20 == 0
 
 # %% ../nbs/01e_data.sft.ipynb #321e4a85
 def _replace_docstring(src:str, new_doc:str|None) -> str|None:
@@ -688,47 +691,3 @@ def self_instruct(base_url:str, # an OpenAI-compatible endpoint, e.g. http://127
         out += recs; why.update(w)
     if n and errors == n: raise RuntimeError(f"Every request to {base_url} failed ({last}): check base_url, api_key and model")
     return out, dict(requests=n, errors=errors, kept=len(out), filtered=dict(why))
-
-# %% ../nbs/01e_data.sft.ipynb #9320def1
-def canned_chat_model(conversations:list[tuple[list[dict], str]], # `(messages, reply)` pairs to learn by heart
-                      out_dir, # where the model and tokenizer folder goes
-                      max_steps:int=600, seed:int=0, threads:int=1) -> Path:
-    "A tiny Llama that answers each of `conversations`' messages with its reply (greedy decoding): offline tests of API clients."
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from codellm_nb.tokenizer import train_tokenizer
-    from codellm_nb.serve import DEFAULT_CHAT_TEMPLATE
-    texts = [m["content"] for msgs, _ in conversations for m in msgs] + [r for _, r in conversations]
-    tok = train_tokenizer(texts * 2, vocab_size=512)
-    tok.chat_template = DEFAULT_CHAT_TEMPLATE  # what the server's Engine uses for a tokenizer without one
-    seqs = [(tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids,
-             tok(r, add_special_tokens=False).input_ids + [tok.eos_token_id]) for m, r in conversations]
-    n = max(len(p) + len(a) for p, a in seqs)
-    ids = torch.tensor([p + a + [tok.pad_token_id] * (n - len(p) - len(a)) for p, a in seqs])
-    labels = torch.tensor([[-100] * len(p) + a + [-100] * (n - len(p) - len(a)) for p, a in seqs])
-    mask = (torch.arange(n)[None] < torch.tensor([len(p) + len(a) for p, a in seqs])[:, None]).long()
-    old_threads = torch.get_num_threads(); torch.set_num_threads(threads)  # one thread: tiny matrices run faster
-    try:
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=n + 64,
-                                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                             pad_token_id=tok.pad_token_id))
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        for step in range(max_steps):
-            out = model(input_ids=ids, attention_mask=mask, labels=labels)
-            right = (out.logits[:, :-1].argmax(-1) == labels[:, 1:]) | (labels[:, 1:] == -100)
-            if right.all(): break  # every answer token is the argmax given the ones before it: greedy decoding repeats it
-            opt.zero_grad(); out.loss.backward(); opt.step()
-        model.eval()
-        for p, a in seqs:
-            with torch.no_grad(): out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                                       max_new_tokens=len(a), do_sample=False, pad_token_id=tok.pad_token_id)
-            if out[0, len(p):].tolist() != a: raise RuntimeError(f"The model did not learn its replies in {max_steps} steps: raise max_steps")
-    finally: torch.set_num_threads(old_threads)
-    from safetensors.torch import save_file
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    model.config.architectures = ["LlamaForCausalLM"]
-    model.config.save_pretrained(out_dir); tok.save_pretrained(out_dir)
-    save_file(model.state_dict(), out_dir / "model.safetensors")  # `save_pretrained` would import DeepSpeed: seconds, for nothing
-    return out_dir

@@ -7,37 +7,49 @@ from __future__ import annotations
 import errno, functools, gzip, hashlib, importlib.metadata, json, multiprocessing, os, re, stat, sysconfig
 from collections import Counter
 from pathlib import Path, PurePosixPath
-from packaging.licenses import InvalidLicenseExpression, canonicalize_license_expression
-from tqdm.auto import tqdm
+from license_expression import ExpressionError, LicenseSymbol, LicenseWithExceptionSymbol, get_spdx_licensing
+from tqdm import tqdm
 from .core import LANGS
 
 # %% auto #0
-__all__ = ['CODE_EXTS', 'SHEBANG_LANGS', 'SKIP_DIRS', 'PERMISSIVE', 'SOURCE_KINDS', 'STDLIB_SKIP', 'shebang_lang', 'code_lang',
-           'check_text', 'read_code', 'usable_file', 'walk_code', 'detect_license_text', 'normalize_license',
-           'file_license', 'license_allowed', 'decide_license', 'dist_license', 'installed_distributions',
-           'check_sources', 'default_sources', 'list_items', 'load_item', 'tally_documents', 'sample_items',
-           'load_documents']
+__all__ = ['EXTENSIONS', 'EXT_LANG', 'AMBIGUOUS_EXTS', 'CODE_SUFFIXES', 'INTERPRETERS', 'SKIP_DIRS', 'PERMISSIVE', 'SOURCE_KINDS',
+           'STDLIB_SKIP', 'shebang_lang', 'code_lang', 'check_text', 'read_code', 'usable_file', 'walk_code',
+           'detect_license_text', 'normalize_license', 'file_license', 'license_allowed', 'decide_license',
+           'dist_license', 'installed_distributions', 'check_sources', 'default_sources', 'stdlib_files', 'list_items',
+           'load_item', 'tally_documents', 'sample_items', 'load_documents']
 
 # %% ../nbs/01a_data.sources.ipynb #c6044bf1
-CODE_EXTS = {".py": "python", ".pyi": "python", ".java": "java", ".c": "c", ".h": None, ".cc": "cpp", ".cpp": "cpp",
-             ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".go": "go", ".js": "javascript", ".mjs": "javascript",
-             ".cjs": "javascript", ".jsx": "javascript", ".ts": "typescript", ".tsx": "typescript", ".rs": "rust",
-             ".sh": "shell", ".bash": "shell"}  # extension -> language hint (`.h` is C or C++: no hint)
-SHEBANG_LANGS = {"python": "python", "pypy": "python", "sh": "shell", "bash": "shell", "dash": "shell", "zsh": "shell",
-                 "ksh": "shell", "node": "javascript", "nodejs": "javascript", "deno": "typescript", "ts-node": "typescript"}
+EXTENSIONS = {  # language -> its file extensions
+    "python": ".py .pyw .pyi",
+    "java": ".java",
+    "c": ".c",
+    "cpp": ".cc .cpp .cxx .c++ .hh .hpp .hxx .h++ .ipp .tpp .cu .cuh",  # CUDA is C++ with extensions
+    "go": ".go",
+    "javascript": ".js .mjs .cjs .jsx",
+    "typescript": ".ts .mts .cts .tsx",
+    "rust": ".rs",
+    "shell": ".sh .bash .ksh .zsh",
+}
+EXT_LANG = {e: lang for lang, exts in EXTENSIONS.items() for e in exts.split()}
+AMBIGUOUS_EXTS = {".h"}  # C or C++: code, but only its content can tell which
+CODE_SUFFIXES = set(EXT_LANG) | AMBIGUOUS_EXTS
+INTERPRETERS = {"python": r"python[\d.]*|pypy[\d.]*", "shell": r"(?:ba|da|z|k|mk|a)?sh", "javascript": r"node(?:js)?",
+                "typescript": r"ts-node|tsx|deno", "rust": r"rust-script|run-cargo-script"}  # `#!` program -> language
+_INTERP = [(re.compile(rf"(?:{rx})$"), lang) for lang, rx in INTERPRETERS.items()]
 
-def shebang_lang(line:str) -> str|None:
-    "The language of the interpreter a `#!` line names (`#!/usr/bin/env python3` -> python), None if not one of `LANGS`."
-    if not line.startswith("#!"): return None
-    words = line[2:].split()
-    prog = os.path.basename(words[0]) if words else ""
+def shebang_lang(text:str) -> str|None:
+    "The language of the interpreter a leading `#!` line names (`#!/usr/bin/env python3` -> python), None if not one of `LANGS`."
+    if not text.startswith("#!") or text.startswith("#!["): return None  # `#![...]` is a Rust attribute
+    words = text[2:].split("\n", 1)[0].split()
+    if not words: return None
+    prog = os.path.basename(words[0])
     if prog == "env": prog = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), "")
-    return SHEBANG_LANGS.get(re.sub(r"[\d.]+$", "", prog))  # python3.11 -> python
+    return next((lang for rx, lang in _INTERP if rx.match(prog)), None)
 
 def code_lang(name:str, first_line:str|None=None) -> tuple[bool, str|None]:
     "`(is_code, language hint)` of a file called `name`; an extension-less file is code if `first_line` is a known `#!`."
     suffix = PurePosixPath(name).suffix
-    if suffix: return (suffix in CODE_EXTS), CODE_EXTS.get(suffix)
+    if suffix: return suffix in CODE_SUFFIXES, EXT_LANG.get(suffix)
     lang = shebang_lang(first_line or "")
     return lang is not None, lang
 
@@ -111,7 +123,7 @@ def walk_code(root, stats:Counter, skip_dirs=SKIP_DIRS, exts=None, scripts:bool=
                 continue
             suffix = PurePosixPath(e.name).suffix
             if exts is not None and suffix not in exts or not scripts and not suffix: stats["skip/not_code"] += 1; continue
-            if suffix and suffix not in CODE_EXTS: stats["skip/not_code"] += 1; continue
+            if suffix and suffix not in CODE_SUFFIXES: stats["skip/not_code"] += 1; continue
             if not usable_file(e.path, root, stats): continue
             is_code, lang = code_lang(e.name, None if suffix else _first_line(e.path))
             if not is_code: stats["skip/not_code"] += 1; continue
@@ -134,7 +146,7 @@ _NAMES = {  # folded licence names seen in package metadata -> SPDX id
     "other proprietary": "LicenseRef-Proprietary", "proprietary": "LicenseRef-Proprietary",
 }
 _FILLER = {"the", "license", "licence", "licensed", "software", "version", "v", "osi", "approved"}
-_DEPRECATED = {"GPL-1.0", "GPL-2.0", "GPL-3.0", "LGPL-2.0", "LGPL-2.1", "LGPL-3.0", "AGPL-1.0", "AGPL-3.0"}
+_LICENSING = get_spdx_licensing()  # SPDX ids, their aliases and deprecated forms, and the expression grammar
 
 def _fold(s:str) -> str:
     "Lower-case words of a licence name, filler words dropped: 'Apache Software License, Version 2.0' -> 'apache 2.0'."
@@ -155,25 +167,12 @@ def _gnu(s:str) -> str|None:
     return f"{fam}-{ver}-{'or-later' if later else 'only'}"
 
 def _spdx(s:str) -> str|None:
-    "Canonical SPDX expression `s` (deprecated GNU ids updated), None if it is not one."
+    "Canonical SPDX expression `s` (deprecated ids updated: `GPL-2.0` -> `GPL-2.0-only`), None if it is not one."
     if "/" in s and "://" not in s: s = s.replace("/", " OR ")  # 'MIT/Apache-2.0', the old Rust convention
-    try: expr = canonicalize_license_expression(s)
-    except InvalidLicenseExpression: return None
-    def modern(m):
-        base, plus = m.group(1), m.group(2)
-        if base not in _DEPRECATED: return m.group(0)
-        return f"{base}-or-later" if plus else f"{base}-only"
-    expr = re.sub(r"([A-Za-z0-9.-]+)(\+)?", modern, expr)
-    while expr.startswith("(") and _closing(expr) == len(expr) - 1: expr = expr[1:-1].strip()  # '(MIT)' -> 'MIT'
-    return expr
-
-def _closing(expr:str) -> int:
-    "Index of the parenthesis that closes the one `expr` starts with."
-    depth = 0
-    for i, ch in enumerate(expr):
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0: return i
-    return -1
+    try: tree = _LICENSING.parse(s, strict=True)
+    except ExpressionError: return None
+    if tree is None or any(not k.startswith("LicenseRef-") for k in _LICENSING.unknown_license_keys(tree)): return None
+    return str(tree)
 
 # %% ../nbs/01a_data.sources.ipynb #71399fb9
 def _bsd(tail:str) -> str:
@@ -249,31 +248,13 @@ PERMISSIVE = frozenset({"MIT", "MIT-0", "MIT-CMU", "BSD-2-Clause", "BSD-3-Clause
 def license_allowed(expr:str, allow=PERMISSIVE) -> bool:
     "Whether SPDX `expr` may be used under the `allow` ids: OR needs one side allowed, AND both, `A WITH x` needs `A`."
     allow = {a.lower() for a in allow}
-    toks, pos = re.findall(r"[()]|[^\s()]+", expr or "unknown"), 0
-    def peek(): return toks[pos].upper() if pos < len(toks) else None
-    def atom():
-        nonlocal pos
-        t = toks[pos]; pos += 1
-        if t == "(":
-            v = either()
-            if peek() != ")": raise ValueError(expr)
-            pos += 1
-        else: v = t.lower() in allow or t.lower().removesuffix("+") in allow
-        while peek() == "WITH": pos += 2  # an exception grants extra permissions, it takes none away
-        return v
-    def both():
-        nonlocal pos
-        v = atom()
-        while peek() == "AND": pos += 1; v = atom() and v
-        return v
-    def either():
-        nonlocal pos
-        v = both()
-        while peek() == "OR": pos += 1; v = both() or v
-        return v
-    try: v = either()
-    except (IndexError, ValueError): return False  # malformed: not allowed
-    return v and pos == len(toks)
+    try: tree = _LICENSING.parse(expr or "unknown", strict=True)
+    except ExpressionError: return False  # malformed: not allowed
+    def ok(node) -> bool:
+        if isinstance(node, LicenseWithExceptionSymbol): node = node.license_symbol  # an exception only adds permissions
+        if isinstance(node, LicenseSymbol): return node.key.lower() in allow
+        return (any if isinstance(node, _LICENSING.OR) else all)(ok(a) for a in node.args)
+    return tree is not None and ok(tree)
 
 def decide_license(text:str, inherited:str, allow=PERMISSIVE) -> tuple[str, bool]:
     "`(licence, allowed)` of a file: its own declared licence if it has one, else the `inherited` one of its source."
@@ -353,6 +334,14 @@ def default_sources() -> list[str]:
     "The embedded corpus: the standard library and the installed packages (kept by licence when loaded)."
     return ["stdlib", "packages"]
 
+# %% ../nbs/01a_data.sources.ipynb #5a1b0c02
+def stdlib_files(limit:int=0) -> list[Path]:
+    "The standard library's `.py` files outside `STDLIB_SKIP`, a hash-spread sample of `limit` of them if `limit`."
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(STDLIB_SKIP)]
+    files.sort(key=lambda p: hashlib.sha1(str(p.relative_to(root)).encode()).hexdigest())
+    return files[:limit] if limit else files
+
 # %% ../nbs/01a_data.sources.ipynb #585ca5bd
 def _item(source:str, path:str, license:str, lang, file=None, text=None, key=None) -> dict:
     return dict(key=key or f"{source}:{path}", source=source, path=path, file=None if file is None else str(file),
@@ -372,7 +361,7 @@ def _list_packages(stats:Counter):
         for f in sorted(files, key=str):
             if ".." in f.parts: stats["skip/outside_root"] += 1; continue
             suffix = PurePosixPath(f.name).suffix
-            if suffix and suffix not in CODE_EXTS or f.parts[0].endswith((".dist-info", ".egg-info")):
+            if suffix and suffix not in CODE_SUFFIXES or f.parts[0].endswith((".dist-info", ".egg-info")):
                 stats["skip/not_code"] += 1; continue
             p = root / f
             if not usable_file(p, root, stats): continue

@@ -4,13 +4,14 @@
 
 # %% ../nbs/01d_data.tokenizer.ipynb #1c392783
 from __future__ import annotations
-import hashlib, json, os, queue, shutil, threading
+import hashlib, json, queue, shutil, threading
 from pathlib import Path
 import numpy as np, pyarrow as pa, pyarrow.compute as pc, torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from .core import LANGS, get_logger
+from .measure import token_blocks
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'CHAT_TOKENS', 'CODE_PIECES', 'CODE_PATTERN', 'CHAT_TEMPLATE', 'SPLITS', 'DROP_REASONS',
@@ -292,8 +293,7 @@ class TokenLoader:
 
     def batch(self, epoch:int, step:int) -> torch.Tensor:
         "This rank's batch `step` of `epoch`: `(micro_batch, seq_len)` int64."
-        L = self.seq_len
-        return torch.from_numpy(np.stack([self.tokens[b * L:(b + 1) * L] for b in self.blocks(epoch, step)]).astype(np.int64))
+        return token_blocks(self.tokens, self.blocks(epoch, step), self.seq_len)
 
     def _after(self, epoch:int, step:int): return (epoch, step + 1) if step + 1 < self.steps_per_epoch else (epoch + 1, 0)
 

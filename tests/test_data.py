@@ -3,7 +3,7 @@ import json, shutil
 from codellm_nb.core import get_preset
 from codellm_nb.data import build_data
 from codellm_nb.serve import start_server
-from codellm_nb.sft import canned_chat_model
+from codellm_nb.testing import canned_chat_model
 
 def test_self_instruct_source_in_the_data_stage(data_run, tmp_path):
     model = canned_chat_model([([{"role": "user", "content": "hi"}], "def one():\n    return 1\n")], tmp_path / "canned")

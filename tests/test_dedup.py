@@ -4,16 +4,17 @@ from multiprocessing import get_context
 import numpy as np
 import pytest
 from datasets import Dataset
-from codellm_nb.data import read_source, stdlib_files
+from codellm_nb.sources import read_code, stdlib_files
 from codellm_nb.dedup import (build_eval_index, deduplicate, decontaminate, exact_duplicates, find_contamination,
                               find_duplicates, humaneval_items, load_eval_set, minhash_batch, minhash_signature,
-                              near_duplicates, perturb, shingle_jaccard)
+                              near_duplicates, shingle_jaccard)
+from codellm_nb.testing import perturb
 
 
 @pytest.fixture(scope="module")
 def stdlib():
     "120 readable stdlib files of at least 60 lines (real, distinct code)."
-    texts = [t for p in stdlib_files(400) for t, why in [read_source(p)] if why is None and t.count("\n") >= 60]
+    texts = [t for p in stdlib_files(400) for t, why in [read_code(p)] if why is None and t.count("\n") >= 60]
     return texts[:120]
 
 

@@ -4,14 +4,16 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 import pytest
 from codellm_nb.core import LANGS
-from codellm_nb.data import read_source, stdlib_files
-from codellm_nb.filters import (EXTENSIONS, LANGUAGE_CASES, PLACEHOLDERS, QUALITY_CASES, REDACTION_CASES, QualityThresholds,
-                                clean_text, detect_language, fake_token, filter_document, filter_stats, find_secrets,
-                                is_placeholder, is_redactable_ip, quality_problem, redact, score_redaction)
+from codellm_nb.sources import read_code, stdlib_files
+from codellm_nb.sources import EXTENSIONS
+from codellm_nb.filters import (PLACEHOLDERS, QualityThresholds, clean_text, detect_language, filter_document,
+                                filter_stats, find_secrets, is_placeholder, is_redactable_ip, quality_problem, redact,
+                                score_redaction)
+from codellm_nb.testing import LANGUAGE_CASES, QUALITY_CASES, REDACTION_CASES, fake_token
 
 @pytest.fixture(scope="module")
 def stdlib():
-    return [(p, t) for p in stdlib_files() if (t := read_source(p, 10**6)[0]) is not None]
+    return [(p, t) for p in stdlib_files() if (t := read_code(p, 10**6)[0]) is not None]
 
 # ---- language detection
 def test_every_language_has_extensions():
@@ -110,7 +112,7 @@ def test_quality_keeps_stdlib(stdlib):
 
 # ---- redaction
 def test_redaction_recall_and_false_positives():
-    rows = {r["type"]: r for r in score_redaction()}
+    rows = {r["type"]: r for r in score_redaction(REDACTION_CASES)}
     assert set(rows) == set(PLACEHOLDERS) | {"negative"}
     assert len(REDACTION_CASES) >= 80
     for kind in PLACEHOLDERS: assert rows[kind]["cases"] >= 8 and rows[kind]["recall"] >= 0.95, rows[kind]

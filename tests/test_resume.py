@@ -4,7 +4,6 @@
 - a truncated newest checkpoint is detected and skipped, and training resumes from the one before;
 - two "nodes" on loopback (torchrun --nnodes 2) train exactly like two ranks on one node."""
 import json, os, random, signal, subprocess, sys, time
-from pathlib import Path
 import numpy as np, psutil, pytest
 from safetensors.numpy import load_file
 from conftest import ROOT, codellm

@@ -3,10 +3,11 @@
 Contained means: it does not pass, the run finishes promptly, and the host is as it was (its files, its processes,
 its network services). The checks that need root (a user per sample, a private network namespace, the private file
 system, which `make test` installs bubblewrap for) are skipped only where the tests do not run as root."""
-import os, socket, sys, threading, time
+import fcntl, os, socket, sys, tempfile, threading, time
 from pathlib import Path
 import psutil, pytest
-from codellm_nb.sandbox import HOSTILE, SANDBOX_UIDS, capabilities, run_program
+from codellm_nb.sandbox import SANDBOX_UIDS, capabilities, run_program
+from codellm_nb.testing import HOSTILE
 from codellm_nb.evaluate import check_samples, load_problems, official_verdicts
 
 root_only = pytest.mark.skipif(not capabilities()["own_user"], reason="needs root for a user per sample")
@@ -20,11 +21,26 @@ def test_hostile_program_never_passes(name):
     assert not r["passed"], r
     assert time.perf_counter() - t0 < 15
 
-def sandbox_processes():
-    "Live processes of the sandbox users (killed ones may linger as zombies until init reaps them: they hold nothing)."
-    return [(p.pid, p.info["status"]) for p in psutil.process_iter(["uids", "status"])
-            if p.info["uids"] and p.info["uids"].real in SANDBOX_UIDS
-            and p.info["status"] != psutil.STATUS_ZOMBIE]
+def _claimed(uid:int) -> bool:
+    "Whether a running sample — of this test run or of anything else on the machine — holds sandbox user `uid`."
+    path = Path(tempfile.gettempdir()) / "codellm-sandbox-uids" / str(uid)
+    if not path.exists(): return False
+    fd = os.open(path, os.O_RDWR)
+    try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); fcntl.flock(fd, fcntl.LOCK_UN); return False
+    except BlockingIOError: return True
+    finally: os.close(fd)
+
+def sandbox_processes(patience:float=3.0):
+    """Live processes of sandbox users that no running sample holds: what a finished sample left behind. Samples
+    that other tests or notebooks run at the same time are not counted; killed processes may linger as zombies until
+    init reaps them (they hold nothing), and a dying one gets `patience` seconds to go."""
+    deadline = time.time() + patience
+    while True:
+        left = [(p.pid, p.info["status"]) for p in psutil.process_iter(["uids", "status"])
+                if p.info["uids"] and p.info["uids"].real in SANDBOX_UIDS and p.info["status"] != psutil.STATUS_ZOMBIE
+                and not _claimed(p.info["uids"].real)]
+        if not left or time.time() > deadline: return left
+        time.sleep(0.1)
 
 @root_only
 def test_fork_bomb_leaves_no_process():

@@ -2,9 +2,10 @@
 import ast, random
 from concurrent.futures import ProcessPoolExecutor
 import pytest
-from codellm_nb.data import read_source, stdlib_files
+from codellm_nb.sources import read_code, stdlib_files
 from codellm_nb.sandbox import run_program
-from codellm_nb.sft import (FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SFT_INSTRUCTION, TASKS, canned_chat_model, code_completion,
+from codellm_nb.testing import canned_chat_model
+from codellm_nb.sft import (FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SFT_INSTRUCTION, TASKS, code_completion,
                             code_to_docstring, doctest_candidates, doctest_program, docstring_to_code, extract_functions,
                             fim_parse, fim_sample, fim_split, instruction_records, merge_stats, mix_records, mutants,
                             parse_self_instruct, preference_pairs, rename_locals, self_instruct, self_instruct_prompts,
@@ -103,7 +104,7 @@ def test_sft_records_keep_their_old_shape():
 # ---- FIM
 
 def test_fim_is_deterministic_and_reassembles():
-    texts = [t for t, _ in (read_source(p) for p in stdlib_files(20)) if t]
+    texts = [t for t, _ in (read_code(p) for p in stdlib_files(20)) if t]
     fns = [f for t in texts for f in extract_functions(t)[0]][:200]
     assert len(fns) == 200
     for f in fns:
@@ -174,7 +175,7 @@ def test_augmented_records_compile_and_doctests_still_pass():
     assert verify_records([broken])[1]["failed"] == {"docstring_to_code+rename_locals": 1}
 
 def test_instruction_records_run_in_worker_processes():
-    texts = [t for t, _ in (read_source(p) for p in stdlib_files(6)) if t]
+    texts = [t for t, _ in (read_code(p) for p in stdlib_files(6)) if t]
     with ProcessPoolExecutor(2) as ex: par = list(ex.map(instruction_records, texts))
     assert par == [instruction_records(t) for t in texts]
     st = merge_stats(*(s for _, s in par))

@@ -5,7 +5,7 @@ from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from codellm_nb.core import LANGS
-from codellm_nb.data import read_source, stdlib_files
+from codellm_nb.sources import read_code, stdlib_files
 from codellm_nb.tokenizer import (CHAT_TOKENS, SPECIAL_TOKENS, TokenLoader, bytes_per_token, extend_vocab, is_val,
                                   load_tokens, pack_shards, token_dtype, train_tokenizer)
 
@@ -13,7 +13,7 @@ from codellm_nb.tokenizer import (CHAT_TOKENS, SPECIAL_TOKENS, TokenLoader, byte
 def corpus():
     "Training texts and held-out texts from disjoint parts of the standard library."
     files = stdlib_files()
-    texts = lambda fs: [t for t in (read_source(p)[0] for p in fs) if t]
+    texts = lambda fs: [t for t in (read_code(p)[0] for p in fs) if t]
     return texts(files[:60]), texts(files[-80:])
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """ZeRO-3 on two ranks, launched for real: it trains, it matches a single process, its export loads.
 
 Two ranks with micro-batch 4 and accumulation 2 see exactly the sequences one rank with accumulation 4 sees
-(`batch_blocks` numbers sequences globally), so in fp32 the two runs must give the same losses: sharding and accumulation change no arithmetic."""
+(`TokenLoader` numbers sequences globally), so in fp32 the two runs must give the same losses: sharding and accumulation change no arithmetic."""
 import json, math
 import numpy as np, pytest, torch
 from conftest import codellm
