@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #b657dc73
 from __future__ import annotations
-import dataclasses, gzip, importlib.metadata, json, logging, os, platform, random, sys, time
+import dataclasses, gzip, importlib.metadata, json, logging, os, platform, random, sys, time, warnings
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 import numpy as np  # torch is imported where it is used: `codellm eval --samples` and the CLI start without it
@@ -322,8 +322,10 @@ def set_threads(n:int|None=None) -> int:
     return n
 
 # %% ../nbs/00_core.ipynb #bc12a537
-QUIET_LOGGERS = ("torchao", "torch.utils._pytree")  # import-time notices, nothing about a run (see above)
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "mlflow.tracking.fluent")  # notices, nothing about a run (see above)
 for _name in QUIET_LOGGERS: logging.getLogger(_name).setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets: text bars, as wanted
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)  # peft
 
 def get_logger(name:str="codellm_nb") -> logging.Logger:
     "A logger that prints `[time] level message` once, however often it is asked for (no time inside a notebook)."

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import ast, base64, builtins, hashlib, importlib.resources, json, keyword, random, re
 from pathlib import Path
+from .core import seed_everything  # (importing core also quiets two libraries' import-time notices)
 
 # %% auto #0
 __all__ = ['HOSTILE', 'FIXTURES', 'LANGUAGE_CASES', 'QUALITY_CASES', 'FAKE_SECRETS', 'REDACTION_CASES', 'CANNED_TEMPLATE',
@@ -169,7 +170,7 @@ def canned_chat_model(conversations:list[tuple[list[dict], str]], # `(messages, 
     mask = (torch.arange(n)[None] < torch.tensor([len(p) + len(a) for p, a in seqs])[:, None]).long()
     old_threads = torch.get_num_threads(); torch.set_num_threads(threads)  # one thread: tiny matrices run faster
     try:
-        torch.manual_seed(seed)
+        seed_everything(seed)
         model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=n + 64,
                                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,

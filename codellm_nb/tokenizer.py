@@ -217,7 +217,7 @@ def pack_shards(ds,                        # documents `Dataset` with columns id
     enc_fn = _Encoder(tok_json, val_frac, min_tokens, max_tokens, dtype)
     n_chunks = max(1, -(-len(ds) // chunk_docs))
     chunks = []
-    for i in tqdm(range(n_chunks), desc="pack", leave=False, disable=n_chunks == 1):
+    for i in tqdm(range(n_chunks), desc="pack", leave=False, **({"disable": True} if n_chunks == 1 else {})):
         done = work / f"{i:05d}.done.json"
         if done.exists() and all((work / f"{i:05d}.{s}.bin").exists() for s in SPLITS):
             chunks.append(json.loads(done.read_text())); continue

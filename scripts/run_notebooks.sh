@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../nbs"
 export TQDM_DISABLE=1 HF_DATASETS_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false
 export PYTHONHASHSEED=0 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export PYTHONWARNINGS="ignore:IProgress not found"  # tqdm.auto, imported by libraries before ours can say so
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 notebooks=("$@"); [ ${#notebooks[@]} -gt 0 ] || { rm -rf ../runs/nbtest; notebooks=([0-9]*.ipynb index.ipynb); }
 for nb in "${notebooks[@]}"; do
