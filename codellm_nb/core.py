@@ -194,8 +194,10 @@ def read_job(path) -> dict:
     "The arguments `write_job` wrote, with `cfg` a validated `Preset` again."
     job = json.loads(Path(path).read_text())
     if "cfg" in job:
-        known = {f.name for f in fields(Preset)}
-        job["cfg"] = Preset(**{k: v for k, v in job["cfg"].items() if k in known})  # validated by __post_init__
+        bad = sorted(set(job["cfg"]) - {f.name for f in fields(Preset)})
+        if bad: raise ValueError(f"Job file {path} has preset fields this version does not know ({', '.join(bad)}): "
+                                 "it was written by another version of codellm_nb; rerun the stage with this one")
+        job["cfg"] = Preset(**job["cfg"])  # validated by __post_init__
     return job
 
 def run_job(fn, argv=None, description:str=""):
