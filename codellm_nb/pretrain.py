@@ -102,6 +102,8 @@ def save_checkpoint(engine, ckpt_dir:Path, step:int, rank:int, keep:int, state:d
     "Save a resumable checkpoint of all ranks at `step` (plus loop `state`), mark it complete, keep the newest `keep`."
     import deepspeed.comm as dist
     tag = ckpt_dir / f"step{step}"
+    if rank == 0 and tag.exists(): shutil.rmtree(tag)  # an older save of this step (an earlier run, a rewind): no file of it may mix in
+    dist.barrier()
     engine.save_checkpoint(str(ckpt_dir), tag=tag.name, client_state={"step": step, **(state or {})})
     torch.save(rng_state(), tag / f"rng_rank{rank}.pt")
     dist.barrier()  # every rank has written its files
@@ -332,6 +334,13 @@ def _build(run_dir, cfg:Preset):
                                         lr_scheduler=schedule)
     return r
 
+def _fresh_start(r) -> int:
+    "A run that does not resume: remove the checkpoints an earlier run left in this folder; step 0."
+    old = sorted(d.name for d in r.ckpt_dir.glob("step*") if d.is_dir()) if r.rank == 0 else []
+    for name in old: shutil.rmtree(r.ckpt_dir / name)
+    if old: r.log.warning(f"fresh run (resume=False): removed the checkpoints of an earlier run: {', '.join(old)}")
+    return 0
+
 def _resume(r, data:DataCursor, cfg:Preset) -> int:
     "Restore the newest valid checkpoint into the engine and `data`; the step to continue from (0: none found)."
     tag = find_checkpoint(r.ckpt_dir, r.log if r.rank == 0 else None)
@@ -389,7 +398,7 @@ def train(run_dir, cfg:Preset, resume:bool=False) -> dict|None:
     r = _build(run_dir, cfg)
     engine, dev = r.engine, r.engine.device
     data = DataCursor(TokenLoader(r.train_tok, cfg.seq_len, cfg.micro_batch, r.rank, r.world, cfg.seed), cfg.grad_accum)
-    start = _resume(r, data, cfg) if resume else 0
+    start = _resume(r, data, cfg) if resume else _fresh_start(r)
     if cfg.nan_policy == "rewind" and start == 0:  # something to rewind to even if the first steps blow up
         save_checkpoint(engine, r.ckpt_dir, 0, r.rank, cfg.keep_ckpts, data.state())
     book, clock = Logbook(r.out, cfg, start, on=r.rank == 0), CheckpointClock(cfg, r.world, dev)

@@ -68,6 +68,21 @@ def test_truncated_checkpoint_is_skipped(uninterrupted, tmp_path):
     assert json.loads((run / "pretrain" / "manifest.json").read_text())["metrics"]["resumed_from"] == STEPS - 3
     same_weights(run, uninterrupted)
 
+def test_a_fresh_run_replaces_an_earlier_runs_checkpoints(uninterrupted, tmp_path):
+    "Files of two runs never mix: a bf16 run's optimizer shards next to an fp32 run's, or an old run's later steps."
+    import shutil
+    run = tmp_path / "again"; shutil.copytree(uninterrupted, run, symlinks=True)
+    ckpts = run / "pretrain" / "checkpoints"
+    shutil.copytree(ckpts / f"step{STEPS}", ckpts / f"step{2 * STEPS}")  # a longer earlier run
+    shard = next((ckpts / f"step{STEPS}").rglob("zero_pp_rank_0_*optim_states.pt"))
+    shutil.copy(shard, shard.with_name("bf16_" + shard.name))  # what a bf16 run names its shards
+    r = codellm("pretrain", "--run-dir", run, "--set", *CFG)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "removed the checkpoints of an earlier run" in r.stdout + r.stderr
+    assert sorted(d.name for d in ckpts.glob("step*")) == [f"step{STEPS - 3}", f"step{STEPS}"]
+    assert not list(ckpts.rglob("bf16_*"))
+    same_weights(run, uninterrupted)
+
 def test_two_nodes_on_loopback_match_one_node(uninterrupted, data_run, tmp_path):
     run = new_run(tmp_path, data_run, "nodes")
     port = 29600 + random.Random().randint(0, 300)
