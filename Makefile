@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv sandbox pipeline test export notebooks clean docs
+.PHONY: venv vllm sandbox pipeline test export notebooks clean docs
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(BIN)/.installed: settings.ini setup.py
 
 venv: $(BIN)/.installed
 
+# vLLM pins its own torch and transformers: it gets an environment of its own, which the serving stage starts.
+vllm:
+	bash scripts/vllm_env.sh
+
 # The evaluation sandbox mounts a private file system with bubblewrap (Debian/Ubuntu: bubblewrap); prlimit and
 # setpriv come with util-linux. As root they are installed here; otherwise the sandbox says what it lacks.
 sandbox:
@@ -24,17 +28,17 @@ sandbox:
 	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)
 	@command -v bwrap >/dev/null || echo "note: bubblewrap (bwrap) is not installed: samples run without a private file system"
 
-pipeline: venv sandbox
+pipeline: venv vllm sandbox
 	$(BIN)/codellm pipeline --preset $(PRESET) --run-dir $(RUN)
 
-test: venv sandbox
+test: venv vllm sandbox
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
 
 export: venv
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean
 
 # Re-run the notebooks in place (their stored outputs), e.g. after a change to what they show.
-notebooks: venv sandbox
+notebooks: venv vllm sandbox
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_notebooks.sh
 
 docs: venv

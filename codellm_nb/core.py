@@ -82,6 +82,9 @@ class Preset:
     ft_max_len: int = 256
     lora_r: int = 16
     lora_alpha: int = 32
+    # serving (the gateway in front of engine replicas)
+    serve_engine: str = "auto"  # auto (vLLM where installed and able to run the model, else transformers) | vllm | transformers
+    serve_replicas: int = 1     # engine processes behind the gateway (0: transformers inside the gateway's process)
     # evaluation
     eval_problems: int = 164    # HumanEval problems (164 = all)
     n_samples: int = 1          # samples per problem
@@ -99,6 +102,8 @@ class Preset:
         if self.n_heads % self.n_kv_heads: raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.seq_len > self.context: raise ValueError(f"seq_len ({self.seq_len}) exceeds the model context ({self.context})")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"): raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        if self.serve_engine not in ("auto", "vllm", "transformers"):
+            raise ValueError(f"serve_engine must be auto, vllm or transformers, got {self.serve_engine!r}")
         if self.zero_stage not in (0, 1, 2, 3): raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
         if not 0 < self.dedup_threshold <= 1: raise ValueError(f"dedup_threshold must be in (0, 1], got {self.dedup_threshold}")
         if self.min_tokens >= self.max_tokens: raise ValueError(f"min_tokens ({self.min_tokens}) must be below max_tokens ({self.max_tokens})")

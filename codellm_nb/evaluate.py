@@ -154,15 +154,15 @@ def generate_samples(client, model:str, problems:dict, n:int=1, temperature:floa
         return list(tqdm(ex.map(one, jobs), total=len(jobs), desc="generate", leave=False))
 
 def generate_local(model_dir, problems:dict, n:int=1, temperature:float=0.0, top_p:float=0.95, max_tokens:int=128) -> list[dict]:
-    "The same samples as `generate_samples`, generated in this process without a server."
-    from codellm_nb.serve import Engine
-    eng, out = Engine(model_dir), []
-    for tid in tqdm(problems, desc="generate", leave=False):
-        prompt = sft_prompt(dict(instruction=SFT_INSTRUCTION, input=problems[tid]["prompt"]))
-        for i in range(n):
-            g = eng.generate(prompt, max_tokens, temperature, top_p if temperature > 0 else 1.0, STOP, seed=i if temperature > 0 else None)
-            out.append(dict(task_id=tid, completion=g["text"]))
-    return out
+    "The same samples as `generate_samples`, generated in this process without a server (batched by the serving engine)."
+    from codellm_nb.serve import TransformersEngine
+    jobs = [(tid, dict(prompt=sft_prompt(dict(instruction=SFT_INSTRUCTION, input=problems[tid]["prompt"])), max_tokens=max_tokens,
+                       temperature=temperature, top_p=top_p if temperature > 0 else 1.0, stop=STOP, seed=i if temperature > 0 else None))
+            for tid in problems for i in range(n)]
+    eng = TransformersEngine(model_dir)
+    try: outs = eng.generate_many([r for _, r in jobs], desc="generate")
+    finally: eng.close()
+    return [dict(task_id=tid, completion=o["text"]) for (tid, _), o in zip(jobs, outs)]
 
 def syntax_ok(problem:dict, completion:str) -> bool:
     "Whether prompt + completion parses as Python."
@@ -238,9 +238,10 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     from codellm_nb.serve import start_server
     from codellm_nb.tokenizer import load_tokens
     docs = docstring_tasks(Path(run_dir) / "data" / "sft.jsonl") if run_dir else None
-    with start_server(model_dir, name=name) as url:
+    with start_server(model_dir, name=name, engine=cfg.serve_engine, replicas=cfg.serve_replicas) as url:
         m, checked = evaluate_endpoint(connect(url), name, cfg, problems, docs)
-        with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as r: m["server_peak_mb"] = json.load(r)["max_rss_mb"]
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as r: h = json.load(r)
+        m["server_peak_mb"] = round(h["max_rss_mb"] + sum(r["rss_mb"] for r in h["replicas"]), 1)  # gateway peak + its engines
     if run_dir:
         tok = AutoTokenizer.from_pretrained(model_dir)
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

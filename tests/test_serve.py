@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest, torch
 from fastapi.testclient import TestClient
 from transformers import LlamaConfig, LlamaForCausalLM
-from codellm_nb.serve import Engine, make_app
+from codellm_nb.serve import Limits, TransformersEngine, make_app
 from codellm_nb.tokenizer import train_tokenizer
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def client(tmp_path_factory):
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=2, max_position_embeddings=128, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)).save_pretrained(d)
-    return TestClient(make_app(Engine(d, name="tiny"), max_tokens_limit=64), raise_server_exceptions=False)
+    return TestClient(make_app(TransformersEngine(d, name="tiny"), limits=Limits(max_tokens=64, long_prompt="reject")), raise_server_exceptions=False)
 
 OK = dict(model="tiny", prompt="def f():", max_tokens=4, temperature=0)
 CHAT = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
@@ -32,7 +32,7 @@ BAD = {  # name: (path, raw JSON body or dict, status, words the message must co
     "best_of": ("/v1/completions", dict(OK, best_of=3), 400, "best_of=3", "best_of"),
     "logprobs": ("/v1/completions", dict(OK, logprobs=5), 400, "logprobs=5", "logprobs"),
     "echo": ("/v1/completions", dict(OK, echo=True), 400, "echo=True", "echo"),
-    "suffix": ("/v1/completions", dict(OK, suffix="return 1"), 400, "suffix=", "suffix"),
+    "suffix in a chat request": ("/v1/chat/completions", dict(CHAT, suffix="return 1"), 400, "suffix", "suffix"),
     "presence_penalty": ("/v1/completions", dict(OK, presence_penalty=0.5), 400, "presence_penalty", "presence_penalty"),
     "logit_bias": ("/v1/completions", dict(OK, logit_bias={"5": 10}), 400, "logit_bias", "logit_bias"),
     "chat tools": ("/v1/chat/completions", dict(CHAT, tools=[{"type": "function"}]), 400, "tools", "tools"),

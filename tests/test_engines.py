@@ -1,0 +1,113 @@
+"""The engines behind the gateway, for real: transformers continuous batching in-process, replica processes with
+failover (kill -9 under load), and vLLM in its own environment (`make vllm`)."""
+import json, os, signal, sysconfig, threading, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import openai, pytest, torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from codellm_nb.serve import TransformersEngine, start_server, vllm_python
+from codellm_nb.tokenizer import train_tokenizer
+
+PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(self", "for i in range(", "x = {", "\n"]
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    "A random tiny Llama with the project's tokenizer; head size 32, which vLLM's CPU attention supports."
+    d = tmp_path_factory.mktemp("model")
+    texts = [p.read_text() for p in sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))]
+    tok = train_tokenizer(texts, 600, d)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)).save_pretrained(d)
+    return d
+
+def test_continuous_batching_gives_plain_greedy_decoding_token_for_token(model):
+    "Six prompts of different lengths decoded together, with different budgets and sampled requests alongside: each equals `generate` run alone."
+    eng = TransformersEngine(model)
+    noise = [dict(prompt=p, max_tokens=20, temperature=1.0) for p in PROMPTS]  # the sampling batch runs at the same time
+    try: outs = eng.generate_many([dict(prompt=p, max_tokens=8 + 4 * i, temperature=0) for i, p in enumerate(PROMPTS)] + noise)[:6]
+    finally: eng.close()
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    for i, (p, o) in enumerate(zip(PROMPTS, outs)):
+        ids = eng.tok(p, return_tensors="pt", add_special_tokens=False).input_ids
+        ref = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8 + 4 * i, do_sample=False,
+                          pad_token_id=eng.tok.pad_token_id)[0, ids.shape[1]:]
+        assert o["text"] == eng.tok.decode(ref, skip_special_tokens=True), (p, o)
+        assert o["completion_tokens"] == len(ref) and o["finish_reason"] == ("stop" if ref[-1] == eng.eos else "length")
+
+def test_stop_sequences_and_seeded_sampling(model):
+    eng = TransformersEngine(model)
+    try:
+        free = eng.generate_many([dict(prompt="def f(", max_tokens=40, temperature=0)])[0]["text"]
+        stop = free[5:7]  # a string the greedy text contains: it must end there
+        cut = eng.generate_many([dict(prompt="def f(", max_tokens=40, temperature=0, stop=[stop])])[0]
+        assert cut["text"] == free[:free.index(stop)] and cut["finish_reason"] == "stop"
+        same = dict(prompt="def f(", max_tokens=24, temperature=1.0, top_p=0.9, seed=7)
+        noise = [dict(prompt=p, max_tokens=24, temperature=1.0) for p in PROMPTS]  # unseeded samples running alongside
+        a, b, c = (eng.generate_many([same, *noise, dict(same, seed=s)]) for s in (7, 7, 8))
+        assert a[0]["text"] == b[0]["text"] == a[-1]["text"]  # the same seed, the same sample, whatever else runs
+        assert c[-1]["text"] != a[0]["text"]
+    finally: eng.close()
+
+def health(url): return json.load(urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5))
+
+def test_killing_a_replica_under_load_loses_no_request_and_it_comes_back(model):
+    with start_server(model, name="tiny", engine="transformers", replicas=2) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        victim = health(url)["replicas"][0]["pid"]
+        stop_at, results = time.time() + 6, []
+        def load(i):
+            out = []
+            while time.time() < stop_at:
+                try: out.append(client.completions.create(model="tiny", prompt=PROMPTS[i % 6], max_tokens=48, temperature=0).choices[0].text)
+                except openai.OpenAIError as e: out.append(e)
+            return out
+        free = client.completions.create(model="tiny", prompt="x = ", max_tokens=24, temperature=0).choices[0].text
+        stops = ["\n\n\n\n", "@@@", "%%%", "^^^", "$$$", free[8:10]]  # six: OpenAI and vLLM take four; the 6th is the one that hits
+        cut = client.completions.create(model="tiny", prompt="x = ", max_tokens=24, temperature=0, stop=stops)
+        assert cut.choices[0].text == free[:free.index(free[8:10])] and cut.choices[0].finish_reason == "stop"
+        streamed = "".join(c.choices[0].text for c in client.completions.create(model="tiny", prompt="x = ", max_tokens=24, temperature=0,
+                                                                                  stop=stops, stream=True))
+        assert streamed == cut.choices[0].text
+        with ThreadPoolExecutor(8) as ex:
+            futs = [ex.submit(load, i) for i in range(8)]
+            time.sleep(2); os.kill(victim, signal.SIGKILL)
+            results = [x for f in futs for x in f.result()]
+        errors = [r for r in results if isinstance(r, Exception)]
+        assert not errors and len(results) > 20, (len(results), errors[:3])
+        t0 = time.time()
+        while time.time() - t0 < 120 and not (h := health(url))["recoveries_s"]: time.sleep(0.5)
+        r0 = h["replicas"][0]
+        assert r0["restarts"] == 1 and r0["healthy"] and r0["pid"] != victim and h["failovers"] >= 1, h
+        metrics = urllib.request.urlopen(url.removesuffix("/v1") + "/metrics").read().decode()
+        assert "codellm_replica_restarts 1.0" in metrics and "codellm_replicas_healthy 2.0" in metrics
+
+def test_vllm_engine_behind_the_gateway(model):
+    try: vllm_python()
+    except FileNotFoundError as e: pytest.fail(f"{e} (make test installs it)")
+    with start_server(model, name="tiny", engine="vllm", replicas=1) as url:
+        assert health(url)["engine"] == "vllm"
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        r = client.completions.create(model="tiny", prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n",
+                                      max_tokens=8, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
+        chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                                     temperature=0, stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        with ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=0), PROMPTS * 2))
+        assert [o.choices[0].text for o in outs[:6]] == [o.choices[0].text for o in outs[6:]]  # greedy: the same twice
+        leader = health(url)["replicas"][0]["pid"]
+        os.kill(leader, signal.SIGKILL)  # the API server dies; its engine processes are orphaned
+        t0 = time.time()
+        while time.time() - t0 < 180 and not (h := health(url))["recoveries_s"]: time.sleep(0.5)
+        assert h["replicas"][0]["restarts"] == 1 and h["replicas"][0]["healthy"], h
+        assert not group_alive(leader)  # the orphaned engine processes were stopped with it
+        assert client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0).choices[0].text == outs[0].choices[0].text
+        survivor = h["replicas"][0]["pid"]
+    assert not group_alive(survivor)  # the gateway stops its replicas, engine processes included
+
+def group_alive(pgid):
+    try: os.killpg(pgid, 0); return True
+    except ProcessLookupError: return False
