@@ -34,7 +34,8 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
     if stage == "serve":
         from codellm_nb.serve import serve_forever
         return serve_forever(kw.get("model") or run_dir, host=kw.get("host", "127.0.0.1"), port=kw.get("port", 8000),
-                             api_key=kw.get("api_key"), engine=cfg.serve_engine, replicas=cfg.serve_replicas)
+                             api_key=kw.get("api_key"), engine=cfg.serve_engine, replicas=cfg.serve_replicas,
+                             tensor_parallel=cfg.serve_tensor_parallel)
     if stage == "eval":
         from codellm_nb.evaluate import run_eval
         return run_eval(run_dir, cfg, base_url=kw.get("base_url"), model=kw.get("model"))

@@ -85,6 +85,7 @@ class Preset:
     # serving (the gateway in front of engine replicas)
     serve_engine: str = "auto"  # auto (vLLM where installed and able to run the model, else transformers) | vllm | transformers
     serve_replicas: int = 1     # engine processes behind the gateway (0: transformers inside the gateway's process)
+    serve_tensor_parallel: int = 1 # GPUs each vLLM replica spans
     # evaluation
     eval_problems: int = 164    # HumanEval problems (164 = all)
     n_samples: int = 1          # samples per problem

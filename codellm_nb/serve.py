@@ -6,9 +6,9 @@
 __all__ = ['NOT_IMPLEMENTED', 'DEFAULT_CHAT_TEMPLATE', 'FIM_STYLES', 'cut_at_stop', 'safe_prefix_len', 'StopWatch', 'peak_rss_mb',
            'BadRequest', 'check_text', 'check_request', 'EngineError', 'collect', 'load_tokenizer',
            'TransformersEngine', 'fim_tokens', 'fim_prompt', 'python_prefix', 'completes_python', 'fit_prompt',
-           'Limits', 'gateway_metrics', 'request_models', 'chat_messages', 'make_app', 'free_port', 'vllm_python',
-           'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model', 'resolve_engine',
-           'build_engine', 'serve_forever', 'start_server', 'main']
+           'Limits', 'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out', 'make_app',
+           'free_port', 'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model',
+           'resolve_engine', 'build_engine', 'serve_forever', 'start_server', 'main']
 
 # %% ../nbs/05_serve.ipynb #3f978c00
 import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, resource, signal, socket, subprocess, sys, threading, time, uuid
@@ -366,26 +366,177 @@ def chat_messages(raw:list) -> list[dict]:
     if not msgs: raise BadRequest("messages must be a non-empty list of {role, content} objects", "messages")
     return msgs
 
-# %% ../nbs/05_serve.ipynb #729e71b8
+# %% ../nbs/05_serve.ipynb #38b68a41
+class Gateway:
+    "What the gateway does with each request, whatever the engine behind it: admission, prompts, generation, Python checks."
+    def __init__(self, engine, limits:Limits|None=None):
+        self.engine, self.lim, self.met = engine, limits or Limits(), gateway_metrics()
+        self.slots, self.waiting, self.avg_s = asyncio.Semaphore(self.lim.max_inflight), 0, 1.0
+
+    @contextlib.asynccontextmanager
+    async def admitted(self):
+        "A generation slot, waiting in a bounded queue: 503 while no engine is ready, 429 when the queue is full."
+        if not self.engine.ready():
+            raise BadRequest("No engine replica is ready (starting or restarting): retry shortly", None, 503, "engine_unavailable",
+                             {"Retry-After": "2"})
+        if self.slots.locked() and self.waiting >= self.lim.max_queue:
+            wait = max(1, math.ceil(self.avg_s * (self.waiting + 1) / self.lim.max_inflight))
+            raise BadRequest(f"The server is at capacity ({self.lim.max_inflight} generating, {self.waiting} waiting): retry after "
+                             f"{wait} s", None, 429, "rate_limit_exceeded", {"Retry-After": str(wait)})
+        self.waiting += 1; self.met.waiting.inc()
+        try: await self.slots.acquire()
+        finally: self.waiting -= 1; self.met.waiting.dec()
+        self.met.inflight.inc(); t0 = time.monotonic()
+        try: yield
+        finally:
+            self.slots.release(); self.met.inflight.dec()
+            self.avg_s = 0.9 * self.avg_s + 0.1 * (time.monotonic() - t0)  # what a Retry-After estimate is made of
+
+    def fit(self, prompt:str, room:int, field:str, extra:int=0) -> tuple[str, int]:
+        "`prompt` as it is if a few tokens of output still fit after it (and `extra` ones); else cut, by the strategy, to leave `room`."
+        eng = self.engine
+        n = eng.count(prompt)
+        if n + extra + min(room, 16) <= eng.context: return prompt, 0  # the engine gives the output what the context has left
+        if self.lim.long_prompt == "reject" or n > (self.lim.max_prompt_tokens or 8 * eng.context):
+            raise BadRequest(f"The prompt has {n} tokens; this model's context is {eng.context} (with {room} kept for the output): "
+                             "send less, or ask for fewer max_tokens", field)
+        self.met.fitted.inc()
+        return fit_prompt(eng.tok, prompt, eng.context - room - extra)
+
+    def prepare(self, req, prompts:list[str], chat:bool) -> tuple[list[dict], dict]:
+        "Check a request; each prompt as the engine will see it (FIM built, fitted), and the sampling settings."
+        eng = self.engine
+        check_request(req.model_dump(exclude_unset=True), eng.name)
+        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        for i, s in enumerate(stop): check_text(s, f"stop[{i}]")
+        if not prompts: raise BadRequest("prompt is an empty list: send at least one prompt", "prompt")
+        if req.stream and len(prompts) > 1: raise BadRequest("Streaming takes one prompt per request", "prompt")
+        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
+        room, suffix = min(max_tokens, eng.context // 2), check_text(req.suffix, "suffix") if req.suffix else ""
+        jobs = []
+        for i, p in enumerate(prompts):
+            field = "prompt" if chat or len(prompts) == 1 else f"prompt[{i}]"
+            check_text(p, field)
+            if suffix:  # the suffix keeps its beginning (a quarter of the context at most), the prefix is fitted to the rest
+                s_ids = eng.tok(suffix, add_special_tokens=False).input_ids
+                s_fit = eng.tok.decode(s_ids[:eng.context // 4]) if len(s_ids) > eng.context // 4 else suffix
+                text, dropped = self.fit(p, room, field, extra=eng.count(s_fit) + 4)
+                job = dict(prompt=fim_prompt(eng.tok, text, s_fit), dropped=dropped + len(s_ids) - eng.count(s_fit))
+            else:
+                text, dropped = self.fit(p, room, field); job = dict(prompt=text, dropped=dropped)
+            job["max_tokens"] = max(1, min(max_tokens, eng.context - eng.count(job["prompt"])))  # what the context has left
+            job["python"] = text if not chat and self.lim.python_retries and python_prefix(text) else None
+            job["suffix"] = s_fit if suffix else ""
+            jobs.append(job)
+        return jobs, dict(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop, seed=req.seed)
+
+# %% ../nbs/05_serve.ipynb #80c8f035
+@patch
+async def generate_whole(self:Gateway, prompt:str, kw:dict, tries:int=3) -> tuple[str, dict]:
+    "A whole completion; one the engine lost (a replica died) is generated again: the client has seen nothing yet."
+    eng = self.engine
+    for i in range(tries):
+        try: return await (eng.complete(prompt, **kw) if hasattr(eng, "complete") else collect(eng.stream(prompt, **kw)))
+        except EngineError:
+            if i == tries - 1 or not eng.ready(): raise
+
+@patch
+async def checked_completion(self:Gateway, job:dict, kw:dict) -> tuple[str, dict, dict]:
+    "One completion, regenerated (sampling) while its Python does not parse, up to `python_retries` times; what was done."
+    kw = dict(kw, max_tokens=job["max_tokens"])
+    text, fin = await self.generate_whole(job["prompt"], kw)
+    info = {"prompt_tokens_dropped": job["dropped"]} if job["dropped"] else {}
+    if job["python"] is None: return text, fin, info
+    tries, outcome = 0, "cut" if fin["finish_reason"] != "stop" else "ok"
+    while outcome != "cut" and not completes_python(job["python"], text, job["suffix"]):
+        if tries == self.lim.python_retries: outcome = "invalid"; break
+        tries += 1; self.met.regenerations.inc()
+        t2, f2 = await self.generate_whole(job["prompt"], dict(kw, temperature=max(0.7, kw["temperature"]), top_p=0.95, seed=None))
+        if f2["finish_reason"] == "stop" and completes_python(job["python"], t2, job["suffix"]): text, fin, outcome = t2, f2, "fixed"
+    self.met.python.labels(outcome).inc()
+    return text, fin, dict(info, python=outcome, regenerated=tries)
+
+def timed_out(deadline:float) -> BadRequest:
+    return BadRequest(f"Generation took longer than this request's limit of {deadline:.0f} s: ask for fewer max_tokens, or "
+                      "raise the server's timeout", None, 504, "timeout")
+
+# %% ../nbs/05_serve.ipynb #f74173b6
+@patch
+async def answer(self:Gateway, jobs:list[dict], kw:dict, head:dict, chat:bool, deadline:float) -> dict:
+    "The whole response to a non-streamed request: its prompts generated together, within the deadline."
+    async with self.admitted():
+        try:
+            async with asyncio.timeout(deadline): done = await asyncio.gather(*(self.checked_completion(j, kw) for j in jobs))
+        except TimeoutError: raise timed_out(deadline) from None
+        except EngineError as e: raise BadRequest(f"The engine failed: {e}; retry", None, 503, "engine_error", {"Retry-After": "1"}) from None
+    choices, usage, extra = [], dict(prompt_tokens=0, completion_tokens=0), []
+    for i, (text, fin, info) in enumerate(done):
+        c = {"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None}
+        choices.append({"index": i, **c, "finish_reason": fin["finish_reason"]})
+        usage["prompt_tokens"] += fin["prompt_tokens"]; usage["completion_tokens"] += fin["completion_tokens"]
+        extra.append(info)
+    self.met.tokens.inc(usage["completion_tokens"])
+    out = dict(head, choices=choices, usage=dict(usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"]))
+    if any(extra): out["codellm"] = extra  # what the gateway did: prompt fitting, Python checks
+    return out
+
+@patch
+async def events(self:Gateway, job:dict, kw:dict, head:dict, chat:bool, deadline:float, slot, include_usage:bool):
+    "Server-sent events of a streamed request; `slot` (entered by the caller) is released when the stream ends."
+    def chunk(delta, finish=None, usage=None):
+        c = ({"index": 0, "delta": delta, "finish_reason": finish} if chat
+             else {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish})
+        ev = dict(head, object=head["object"] + (".chunk" if chat else ""), choices=[] if usage else [c], **({"usage": usage} if usage else {}))
+        return f"data: {json.dumps(ev)}\n\n"
+    t0, first = time.monotonic(), True
+    try:
+        if chat: yield chunk({"role": "assistant", "content": ""})
+        async with asyncio.timeout(deadline):
+            async for piece in self.engine.stream(job["prompt"], **dict(kw, max_tokens=job["max_tokens"])):
+                if not isinstance(piece, dict):
+                    if first: self.met.ttft.observe(time.monotonic() - t0); first = False
+                    yield chunk({"content": piece}); continue
+                yield chunk({}, piece["finish_reason"]); self.met.tokens.inc(piece["completion_tokens"])
+                if include_usage:
+                    n, m = piece["prompt_tokens"], piece["completion_tokens"]
+                    yield chunk({}, usage=dict(prompt_tokens=n, completion_tokens=m, total_tokens=n + m))
+    except (TimeoutError, EngineError) as e:
+        msg = str(timed_out(deadline)) if isinstance(e, TimeoutError) else f"The engine failed mid-stream: {e}"
+        yield f"data: {json.dumps({'error': {'message': msg, 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
+    finally: await slot.__aexit__(None, None, None)
+    yield "data: [DONE]\n\n"
+
+@patch
+async def respond(self:Gateway, req, prompts:list[str], chat:bool):
+    "The response to a completion or chat request: a JSON body, or a stream of events."
+    from fastapi.responses import StreamingResponse
+    jobs, kw = self.prepare(req, prompts, chat)
+    head = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", object="chat.completion" if chat else "text_completion",
+                created=int(time.time()), model=self.engine.name)
+    deadline = self.lim.deadline(max(self.engine.count(j["prompt"]) for j in jobs), kw["max_tokens"])
+    if not req.stream: return await self.answer(jobs, kw, head, chat, deadline)
+    slot = self.admitted(); await slot.__aenter__()  # held until the stream ends; a full queue is refused before any byte is sent
+    usage = bool((req.stream_options or {}).get("include_usage"))
+    return StreamingResponse(self.events(jobs[0], kw, head, chat, deadline, slot, usage), media_type="text/event-stream")
+
+# %% ../nbs/05_serve.ipynb #e241e689
 def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     "The gateway: a FastAPI app serving `engine` (in-process or a `ReplicaPool`) with the OpenAI API, limits and metrics."
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi.responses import JSONResponse, Response
     from jinja2 import TemplateError
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException
     import psutil
-    lim, met = limits or Limits(), gateway_metrics()
-    Completion, Chat = request_models(lim.max_tokens)
-    slots, state = asyncio.Semaphore(lim.max_inflight), dict(waiting=0, avg_s=1.0)
+    gw = Gateway(engine, limits)
+    Completion, Chat = request_models(gw.lim.max_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if hasattr(engine, "start"): await engine.start()
         yield
-        r = engine.close()
-        if asyncio.iscoroutine(r): await r
+        if asyncio.iscoroutine(r := engine.close()): await r
     app = FastAPI(title="codellm_nb", lifespan=lifespan)
 
     def error(status, msg, kind="invalid_request_error", param=None, code=None, headers=None):
@@ -397,8 +548,7 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
         def say(e):
             where = ".".join(map(str, e["loc"][1:])) or "body"
             return f"{where}: not supported by this server" if e["type"] == "extra_forbidden" else f"{where}: {e['msg']}"
-        param = ".".join(map(str, errs[0]["loc"][1:])) or None if errs else None
-        return error(400, "; ".join(say(e) for e in errs), param=param)
+        return error(400, "; ".join(say(e) for e in errs), param=".".join(map(str, errs[0]["loc"][1:])) or None if errs else None)
 
     @app.exception_handler(BadRequest)
     async def refused(request, exc):
@@ -415,7 +565,7 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
             resp = error(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error", code="invalid_api_key")
         else: resp = await call_next(request)
         if path.startswith("/v1/"):
-            met.requests.labels(path, str(resp.status_code)).inc(); met.latency.labels(path).observe(time.monotonic() - t0)
+            gw.met.requests.labels(path, str(resp.status_code)).inc(); gw.met.latency.labels(path).observe(time.monotonic() - t0)
         return resp
 
     @app.get("/health")
@@ -428,7 +578,7 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
 
     @app.get("/metrics")
     def metrics():
-        h = engine.health()
+        h, met = engine.health(), gw.met
         met.memory.set(psutil.virtual_memory().percent / 100)
         met.replicas.set(sum(r["healthy"] for r in h["replicas"]))
         met.failovers.set(h["failovers"]); met.restarts.set(sum(r["restarts"] for r in h["replicas"]))
@@ -437,146 +587,15 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     @app.get("/v1/models")
     def models(): return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "codellm_nb"}]}
 
-    @contextlib.asynccontextmanager
-    async def admitted():
-        "A generation slot, waiting in a bounded queue: 503 while no engine is ready, 429 when the queue is full."
-        if not engine.ready():
-            raise BadRequest("No engine replica is ready (starting or restarting): retry shortly", None, 503, "engine_unavailable",
-                             {"Retry-After": "2"})
-        if slots.locked() and state["waiting"] >= lim.max_queue:
-            wait = max(1, math.ceil(state["avg_s"] * (state["waiting"] + 1) / lim.max_inflight))
-            raise BadRequest(f"The server is at capacity ({lim.max_inflight} generating, {state['waiting']} waiting): retry after "
-                             f"{wait} s", None, 429, "rate_limit_exceeded", {"Retry-After": str(wait)})
-        state["waiting"] += 1; met.waiting.inc()
-        try: await slots.acquire()
-        finally: state["waiting"] -= 1; met.waiting.dec()
-        met.inflight.inc(); t0 = time.monotonic()
-        try: yield
-        finally:
-            slots.release(); met.inflight.dec(); state["avg_s"] = 0.9 * state["avg_s"] + 0.1 * (time.monotonic() - t0)
-
-    def fit(prompt:str, room:int, field:str) -> tuple[str, int]:
-        "`prompt` within the context (leaving `room` for the output), by the configured strategy; tokens dropped."
-        n, budget = engine.count(prompt), engine.context - room
-        if n <= budget: return prompt, 0
-        if lim.long_prompt == "reject" or n > (lim.max_prompt_tokens or 8 * engine.context):
-            raise BadRequest(f"The prompt has {n} tokens; this model's context is {engine.context} (with {room} kept for the output): "
-                             "send less, or ask for fewer max_tokens", field)
-        met.fitted.inc()
-        return fit_prompt(engine.tok, prompt, budget)
-
-    def prepare(req, prompts:list[str], chat:bool) -> tuple[list[dict], dict]:
-        "Check a request; each prompt as the engine will see it (FIM built, fitted), and the sampling settings."
-        check_request(req.model_dump(exclude_unset=True), engine.name)
-        stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        for i, s in enumerate(stop): check_text(s, f"stop[{i}]")
-        if not prompts: raise BadRequest("prompt is an empty list: send at least one prompt", "prompt")
-        if req.stream and len(prompts) > 1: raise BadRequest("Streaming takes one prompt per request", "prompt")
-        max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
-        room, suffix = min(max_tokens, engine.context // 2), check_text(req.suffix, "suffix") if req.suffix else ""
-        jobs = []
-        for i, p in enumerate(prompts):
-            field = "prompt" if chat or len(prompts) == 1 else f"prompt[{i}]"
-            check_text(p, field)
-            if suffix:
-                s_ids = engine.tok(suffix, add_special_tokens=False).input_ids
-                s_fit = engine.tok.decode(s_ids[:engine.context // 4]) if len(s_ids) > engine.context // 4 else suffix
-                text, dropped = fit(p, room + engine.count(s_fit) + 4, field)
-                job = dict(prompt=fim_prompt(engine.tok, text, s_fit), dropped=dropped + len(s_ids) - engine.count(s_fit))
-            else:
-                text, dropped = fit(p, room, field); job = dict(prompt=text, dropped=dropped)
-            job["python"] = text if not chat and lim.python_retries and python_prefix(text) else None
-            job["suffix"] = s_fit if suffix else ""
-            jobs.append(job)
-        kw = dict(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop, seed=req.seed)
-        return jobs, kw
-
-    async def generate(prompt:str, kw:dict, tries:int=3) -> tuple[str, dict]:
-        "A whole completion; one the engine lost (a replica died) is generated again: the client has seen nothing yet."
-        for i in range(tries):
-            try: return await (engine.complete(prompt, **kw) if hasattr(engine, "complete") else collect(engine.stream(prompt, **kw)))
-            except EngineError:
-                if i == tries - 1 or not engine.ready(): raise
-
-    async def complete(job:dict, kw:dict) -> tuple[str, dict, dict]:
-        "One completion, regenerated (sampling) while Python code does not parse, up to `python_retries` times."
-        text, fin = await generate(job["prompt"], kw)
-        info = {"prompt_tokens_dropped": job["dropped"]} if job["dropped"] else {}
-        if job["python"] is None: return text, fin, info
-        tries, outcome = 0, "cut" if fin["finish_reason"] != "stop" else "ok"
-        while outcome != "cut" and not completes_python(job["python"], text, job["suffix"]):
-            if tries == lim.python_retries: outcome = "invalid"; break
-            tries += 1; met.regenerations.inc()
-            t2, f2 = await generate(job["prompt"], dict(kw, temperature=max(0.7, kw["temperature"]), top_p=0.95, seed=None))
-            if f2["finish_reason"] == "stop" and completes_python(job["python"], t2, job["suffix"]): text, fin, outcome = t2, f2, "fixed"
-        met.python.labels(outcome).inc()
-        return text, fin, dict(info, python=outcome, regenerated=tries)
-
-    def timed_out(deadline):
-        return BadRequest(f"Generation took longer than this request's limit of {deadline:.0f} s: ask for fewer max_tokens, or "
-                          "raise the server's timeout", None, 504, "timeout")
-
-    async def respond(req, prompts:list[str], chat:bool):
-        jobs, kw = prepare(req, prompts, chat)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
-        deadline = lim.deadline(max(engine.count(j["prompt"]) for j in jobs), kw["max_tokens"])
-        if not req.stream:
-            async with admitted():
-                try:
-                    async with asyncio.timeout(deadline): done = await asyncio.gather(*(complete(j, kw) for j in jobs))
-                except TimeoutError: raise timed_out(deadline) from None
-                except EngineError as e: raise BadRequest(f"The engine failed: {e}; retry", None, 503, "engine_error", {"Retry-After": "1"}) from None
-            choices, usage, extra = [], dict(prompt_tokens=0, completion_tokens=0), []
-            for i, (text, fin, info) in enumerate(done):
-                c = {"message": {"role": "assistant", "content": text}} if chat else {"text": text, "logprobs": None}
-                choices.append({"index": i, **c, "finish_reason": fin["finish_reason"]})
-                usage["prompt_tokens"] += fin["prompt_tokens"]; usage["completion_tokens"] += fin["completion_tokens"]
-                extra.append(info)
-            met.tokens.inc(usage["completion_tokens"])
-            out = {"id": rid, "object": obj, "created": created, "model": engine.name, "choices": choices,
-                   "usage": dict(usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])}
-            if any(extra): out["codellm"] = extra  # what the gateway did: prompt fitting, Python checks
-            return out
-        slot = admitted(); await slot.__aenter__()  # held until the stream ends; a full queue is refused before any byte is sent
-        include_usage = bool((req.stream_options or {}).get("include_usage"))
-        def chunk(delta, finish=None, usage=None):
-            c = ({"index": 0, "delta": delta, "finish_reason": finish} if chat
-                 else {"index": 0, "text": delta.get("content", ""), "logprobs": None, "finish_reason": finish})
-            ev = {"id": rid, "object": obj + ('.chunk' if chat else ''), "created": created, "model": engine.name,
-                  "choices": [] if usage else [c]}
-            if usage: ev["usage"] = usage
-            return f"data: {json.dumps(ev)}\n\n"
-        async def events():
-            t0, first = time.monotonic(), True
-            try:
-                if chat: yield chunk({"role": "assistant", "content": ""})
-                async with asyncio.timeout(deadline):
-                    async for piece in engine.stream(jobs[0]["prompt"], **kw):
-                        if isinstance(piece, dict):
-                            yield chunk({}, piece["finish_reason"]); met.tokens.inc(piece["completion_tokens"])
-                            if include_usage:
-                                yield chunk({}, usage=dict(prompt_tokens=piece["prompt_tokens"], completion_tokens=piece["completion_tokens"],
-                                                           total_tokens=piece["prompt_tokens"] + piece["completion_tokens"]))
-                        else:
-                            if first: met.ttft.observe(time.monotonic() - t0); first = False
-                            yield chunk({"content": piece})
-            except (TimeoutError, EngineError) as e:
-                msg = str(timed_out(deadline)) if isinstance(e, TimeoutError) else f"The engine failed mid-stream: {e}"
-                yield f"data: {json.dumps({'error': {'message': msg, 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
-            finally: await slot.__aexit__(None, None, None)
-            yield "data: [DONE]\n\n"
-        return StreamingResponse(events(), media_type="text/event-stream")
-
     @app.post("/v1/completions")
     async def completions(req:Completion):
-        return await respond(req, [req.prompt] if isinstance(req.prompt, str) else req.prompt, chat=False)
+        return await gw.respond(req, [req.prompt] if isinstance(req.prompt, str) else req.prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(req:Chat):
         try: prompt = engine.chat_prompt(chat_messages(req.messages))
         except TemplateError as e: raise BadRequest(f"messages: {e}", "messages") from None
-        return await respond(req, [prompt], chat=True)
+        return await gw.respond(req, [prompt], chat=True)
     return app
 
 # %% ../nbs/05_serve.ipynb #73ec6aa1
@@ -594,8 +613,10 @@ def vllm_python() -> Path:
 def vllm_supported(model_dir) -> str|None:
     "Why vLLM cannot serve this model on this machine, or None if it can."
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    if detect_device()["kind"] == "cpu" and head not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
+    head, dev = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"], detect_device()
+    if dev["kind"] == "rocm" and not os.environ.get("CODELLM_VLLM_PYTHON"):
+        return "`make vllm` installs vLLM for CUDA or CPUs; on ROCm use vLLM's ROCm build and set CODELLM_VLLM_PYTHON to its python"
+    if dev["kind"] == "cpu" and head not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
         return f"vLLM's CPU attention has no kernel for head size {head} (it supports 32, 64, 80, ... 256, 512)"
     return None
 
@@ -848,16 +869,19 @@ def resolve_engine(engine:str, model_dir) -> str:
 def build_engine(model_dir, engine:str="auto", replicas:int=0, name:str|None=None, threads:int=1, **kw):
     "The engine to put behind the gateway: transformers in this process (replicas=0), or a pool of replica processes."
     kind = resolve_engine(engine, model_dir)
-    if kind == "transformers" and replicas == 0: return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k == "max_seqs"})
+    if kind == "transformers" and replicas == 0:
+        return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k == "max_seqs"})  # one process, one GPU at most
     return ReplicaPool(model_dir, kind, max(1, replicas), name=name, threads=threads, **kw)
 
 def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str|None=None, name:str|None=None,
-                  engine:str="auto", replicas:int=0, threads:int=1, limits:Limits|None=None, replica:bool=False):
+                  engine:str="auto", replicas:int=0, threads:int=1, limits:Limits|None=None, replica:bool=False,
+                  tensor_parallel:int=1):
     "Serve a model folder (or a run's fine-tuned model) until interrupted."
     import uvicorn
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or None)
     path = resolve_model(model_or_run)
-    eng = TransformersEngine(path, name=name) if replica else build_engine(path, engine, replicas, name or path.name, threads)
+    eng = TransformersEngine(path, name=name) if replica else \
+          build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel)
     app = make_app(eng, api_key=api_key, limits=Limits(python_retries=0) if replica else limits)
     get_logger().info(f"serving {path} with {eng.kind} on http://{host}:{port}/v1")
     uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -901,8 +925,10 @@ def main(argv=None):
     ap.add_argument("--replicas", type=int, default=0, help="engine processes (0: transformers in the gateway's own process)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per engine")
     ap.add_argument("--max-seqs", type=int, default=32, help="sequences an engine batches at once")
+    ap.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM replica")
     ap.add_argument("--replica", action="store_true", help="serve as one engine replica behind a gateway")
     a = ap.parse_args(argv)
-    serve_forever(a.model, a.host, a.port, a.api_key, a.name, a.engine, a.replicas, a.threads, replica=a.replica)
+    serve_forever(a.model, a.host, a.port, a.api_key, a.name, a.engine, a.replicas, a.threads, replica=a.replica,
+                  tensor_parallel=a.tensor_parallel)
 
 if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook

@@ -17,14 +17,14 @@ class Scripted:
     kind = "scripted"
     def __init__(self, tok, greedy="", sampled=(), context=128, delay=0.0, finish="stop"):
         self.tok, self.greedy, self.sampled, self.context, self.delay, self.finish = tok, greedy, list(sampled), context, delay, finish
-        self.name, self.prompts, self.is_ready = "scripted", [], True
+        self.name, self.prompts, self.budgets, self.is_ready = "scripted", [], [], True
     def ready(self): return self.is_ready
     def health(self): return dict(engine=self.kind, replicas=[dict(index=0, healthy=self.is_ready, restarts=0, inflight=None, pid=0)],
                                   failovers=0, recoveries_s=[])
     def count(self, text): return len(self.tok(text, add_special_tokens=False).input_ids)
     def chat_prompt(self, messages): return "".join(m["content"] for m in messages)
     async def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, stop=None, seed=None):
-        self.prompts.append(prompt)
+        self.prompts.append(prompt); self.budgets.append(max_tokens)
         await asyncio.sleep(self.delay)
         text = self.sampled.pop(0) if temperature > 0 and self.sampled else self.greedy
         yield text
@@ -86,6 +86,14 @@ def test_a_long_prompt_keeps_its_header_and_nearest_context(tok):
     assert r.status_code == 400 and "context is 128" in r.json()["error"]["message"]
     r = client(eng, max_prompt_tokens=500).post("/v1/completions", json=dict(prompt=prompt * 3, max_tokens=16))
     assert r.status_code == 400  # beyond max_prompt_tokens, fitting is not attempted
+
+def test_a_prompt_that_leaves_room_is_kept_whole_and_the_output_gets_what_is_left(tok):
+    eng = Scripted(tok, greedy="x", context=128)
+    prompt = "".join(f"v{i} = {i}\n" for i in range(200))
+    prompt = tok.decode(tok(prompt, add_special_tokens=False).input_ids[:100])  # 100 tokens: 28 left for the output
+    r = client(eng).post("/v1/completions", json=dict(prompt=prompt, max_tokens=64)).json()
+    assert eng.prompts[-1] == prompt and eng.budgets[-1] == 128 - eng.count(prompt)
+    assert not any("prompt_tokens_dropped" in x for x in r.get("codellm", []))
 
 def test_a_full_queue_answers_429_with_retry_after_and_serves_the_rest(tok):
     app = make_app(Scripted(tok, greedy="x", delay=0.5), limits=Limits(max_inflight=2, max_queue=2))
