@@ -8,13 +8,15 @@ times and keeping the median:
   another — what a server that generates one request at a time gives 16 clients (the fastest single-request call of
   the library);
 - `transformers continuous batching`: `TransformersEngine.generate_many`, in-process, all requests submitted at once;
-- through the gateway over HTTP with the official `openai` client from 1 and 16 threads, for a transformers replica
-  and (when `make vllm` installed it) a vLLM replica — what a user of the server gets.
+- through the gateway over HTTP with the official `openai` client from 1, 4, 16 and 64 threads, for a transformers
+  replica and (when `make vllm` installed it) a vLLM replica — what a user of the server gets — and vLLM's own server
+  at 16 clients without the gateway (the gateway's overhead).
 
 The figure is the ratio of tokens/s at 16 clients to 1 client for each engine (target: well above 1; the one-at-a-time
 server's ratio is 1 by construction) and each engine's 16-client throughput against the one-at-a-time baseline. Threads:
 each engine, and the baseline, gets `--threads` (default 1, the fastest setting for a small model on a few cores)."""
-import argparse, os, statistics, sys, time
+import argparse, json, os, statistics, sys, time, urllib.request
+CLIENTS = (1, 4, 16, 64)
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,10 +75,13 @@ def main():
     except FileNotFoundError as e: print(f"vLLM not measured: {e}")
     for kind in engines:
         with start_server(model, name="bench", engine=kind, replicas=1, threads=a.threads) as url:
+            bare = json.load(urllib.request.urlopen(url.removesuffix("/v1") + "/health"))["replicas"][0]["url"] + "/v1"
             over_http(url, ps[:4], 8, 4)  # warm-up
-            for clients in (1, 16):
+            for clients in CLIENTS:
                 runs[f"{kind} replica over HTTP, {clients} client{'s' if clients > 1 else ''}"] = \
-                    [over_http(url, ps, a.max_tokens, clients) for _ in range(a.repeats)]
+                    [over_http(url, ps * max(1, clients // len(ps)), a.max_tokens, clients) for _ in range(a.repeats)]
+            if kind == "vllm":  # the same load sent to the engine's own server, skipping the gateway
+                runs["vllm server alone (no gateway), 16 clients"] = [over_http(bare, ps, a.max_tokens, 16) for _ in range(a.repeats)]
     rows = {name: dict(tokens=r[0][0], seconds=round(statistics.median(s for _, s in r), 3),
                        tokens_per_s=round(statistics.median(n / s for n, s in r), 1)) for name, r in runs.items()}
     base = rows["generate, one at a time"]["tokens_per_s"]
@@ -85,6 +90,10 @@ def main():
               for kind in engines}
     print(md_table([dict(setup=k, **v) for k, v in rows.items()]))
     print("16 clients / 1 client:", ratios)
+    if "vllm" in engines:
+        gw, alone = rows["vllm replica over HTTP, 16 clients"]["tokens_per_s"], rows["vllm server alone (no gateway), 16 clients"]["tokens_per_s"]
+        print(f"gateway overhead at 16 clients: {100 * (1 - gw / alone):.1f}% of vLLM's own throughput")
+        ratios["gateway_over_bare_vllm"] = round(gw / alone, 3)
     lead = "vllm" if "vllm" in ratios else "transformers"
     headline = dict(metric=f"serving, {lead} behind the gateway: tokens/s at 16 clients / 1 client (a one-at-a-time server: 1.0)",
                     value=ratios[lead], target=">= 4")

@@ -63,10 +63,12 @@ NOT_IMPLEMENTED = {"n": (1, None), "best_of": (1, None), "logprobs": (None, 0, F
                    "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 
 def check_text(value:str, field:str) -> str:
-    "`value` if it is valid Unicode (no lone surrogates, which JSON allows but UTF-8 cannot encode)."
+    "`value` if it is valid text: no lone surrogates (JSON allows them, UTF-8 cannot encode them) and no NUL characters."
     try: value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise BadRequest(f"{field} is not valid Unicode: a lone surrogate at character {e.start}", field) from None
+    if "\x00" in value:  # never text: binary pasted by mistake, or a probe for C-string truncation downstream
+        raise BadRequest(f"{field} contains a NUL character at {value.index(chr(0))}: send text without it", field)
     return value
 
 def check_request(body:dict, served:str):

@@ -50,6 +50,27 @@ def test_stop_sequences_and_seeded_sampling(model):
         assert c[-1]["text"] != a[0]["text"]
     finally: eng.close()
 
+def test_two_hundred_clients_over_a_small_queue_get_answers_or_429_never_a_5xx(model):
+    "A real server (transformers, continuous batching) behind a queue far smaller than the crowd."
+    import threading, uvicorn
+    from codellm_nb.serve import Limits, free_port, make_app
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(make_app(TransformersEngine(model, name="tiny"), limits=Limits(max_inflight=8, max_queue=16)),
+                                        host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True); th.start()
+    while not srv.started: time.sleep(0.05)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    def one(i):
+        try: return client.completions.create(model="tiny", prompt=PROMPTS[i % 6], max_tokens=64, temperature=0).choices[0].finish_reason
+        except openai.APIStatusError as e: return e.status_code
+    try:
+        with ThreadPoolExecutor(200) as ex: got = list(ex.map(one, range(200)))
+        answered, refused = [g for g in got if isinstance(g, str)], [g for g in got if not isinstance(g, str)]
+        assert len(answered) + len(refused) == 200 and set(refused) <= {429, 503} and len(answered) >= 24, (len(answered), set(refused))
+        assert refused, "a queue of 16 behind 8 slots cannot hold 200 clients at once"
+        assert client.completions.create(model="tiny", prompt="x", max_tokens=4).choices[0].finish_reason  # healthy after
+    finally: srv.should_exit = True; th.join()
+
 def health(url): return json.load(urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5))
 
 def test_killing_a_replica_under_load_loses_no_request_and_it_comes_back(model):
