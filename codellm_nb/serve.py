@@ -774,22 +774,29 @@ def _body(self:ReplicaPool, prompt, max_tokens, temperature, top_p, stop, seed, 
                 stop=list(stop or [])[:4] or None, seed=seed, **(dict(stream_options={"include_usage": True}) if stream else {}))
 
 @patch
-async def complete(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None):
-    "A whole completion in one response (no per-token events to relay) and its finish dict; a failed replica is retried elsewhere."
+async def _with_failover(self:ReplicaPool, once):
+    "`await once(replica)` on the least busy healthy replica, and on the next one while a replica fails."
     import httpx2 as httpx
-    body, tried = self._body(prompt, max_tokens, temperature, top_p, stop, seed, stream=False), set()
+    tried = set()
     while True:
         r = self._next(tried); r.inflight += 1
-        try:
-            resp = await self.http.post(f"{r.url}/v1/completions", json=body)
-            if resp.status_code != 200: raise _refusal(resp.status_code, resp.content)
-            out = resp.json(); c, u = out["choices"][0], out["usage"]
-            text, hit = cut_at_stop(c["text"], list(stop or []))
-            return text, dict(finish_reason="stop" if hit else c["finish_reason"], prompt_tokens=u["prompt_tokens"],
-                          completion_tokens=u["completion_tokens"], replica=r.index)
+        try: return await once(r)
         except BadRequest: raise
         except (EngineError, httpx.HTTPError, OSError, ValueError, KeyError) as e: self._lost(r, e)
         finally: r.inflight -= 1
+
+@patch
+async def complete(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None):
+    "A whole completion in one response (no per-token events to relay) and its finish dict; a failed replica is retried elsewhere."
+    body = self._body(prompt, max_tokens, temperature, top_p, stop, seed, stream=False)
+    async def once(r:Replica):
+        resp = await self.http.post(f"{r.url}/v1/completions", json=body)
+        if resp.status_code != 200: raise _refusal(resp.status_code, resp.content)
+        out = resp.json(); c, u = out["choices"][0], out["usage"]
+        text, hit = cut_at_stop(c["text"], list(stop or []))
+        return text, dict(finish_reason="stop" if hit else c["finish_reason"], prompt_tokens=u["prompt_tokens"],
+                          completion_tokens=u["completion_tokens"], replica=r.index)
+    return await self._with_failover(once)
 
 @patch
 async def stream(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None):
