@@ -540,6 +540,7 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
         yield
         if asyncio.iscoroutine(r := engine.close()): await r
     app = FastAPI(title="codellm_nb", lifespan=lifespan)
+    app.state.draining = False  # set on SIGTERM by `serve_forever`
 
     def error(status, msg, kind="invalid_request_error", param=None, code=None, headers=None):
         return JSONResponse({"error": {"message": msg, "type": kind, "param": param, "code": code}}, status_code=status, headers=headers)
@@ -571,10 +572,11 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
         return resp
 
     @app.get("/health")
-    def health(): return {"status": "ok", "model": engine.name, "max_rss_mb": peak_rss_mb(), **engine.health()}
+    def health(): return {"status": "ok", "model": engine.name, "pid": os.getpid(), "max_rss_mb": peak_rss_mb(), **engine.health()}
 
     @app.get("/ready")
     def ready():
+        if app.state.draining: return error(503, "Shutting down: finishing the requests in flight", "server_error")
         if engine.ready(): return {"status": "ready"}
         return error(503, "No engine replica is ready yet", "server_error", headers={"Retry-After": "2"})
 
@@ -688,12 +690,13 @@ class Replica:
 
     async def wait_ready(self, http, timeout:float=300):
         "Wait until the replica answers /health, or raise with its log."
+        import httpx2 as httpx
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if not self.alive(): break
             try:
                 if (await http.get(f"{self.url}/health", timeout=2)).status_code == 200: self.healthy = True; return
-            except Exception: pass
+            except (httpx.HTTPError, OSError): pass  # not listening yet
             await asyncio.sleep(0.2)
         self.stop()
         raise RuntimeError(f"{self.kind} replica {self.index} did not come up (exit code {self.proc.poll()}); its log:\n{self.log_tail()}")
@@ -834,6 +837,7 @@ async def stream(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:fl
 @patch
 async def _supervise(self:ReplicaPool):
     "Watch every replica: a dead process, or 3 failed health checks in a row, is replaced by a fresh one."
+    import httpx2 as httpx
     misses = {r.index: 0 for r in self.replicas}
     while True:
         await asyncio.sleep(self.check_every)
@@ -841,7 +845,7 @@ async def _supervise(self:ReplicaPool):
             ok = r.alive()
             if ok:
                 try: ok = (await self.http.get(f"{r.url}/health", timeout=2)).status_code == 200
-                except Exception: ok = False
+                except (httpx.HTTPError, OSError): ok = False
                 misses[r.index] = 0 if ok else misses[r.index] + 1
                 if ok or misses[r.index] < 3: r.healthy = ok or r.healthy; continue
             if r.down_since is None:  # newly down: restart it
@@ -884,16 +888,24 @@ def build_engine(model_dir, engine:str="auto", replicas:int=0, name:str|None=Non
 
 def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str|None=None, name:str|None=None,
                   engine:str="auto", replicas:int=0, threads:int=1, limits:Limits|None=None, replica:bool=False,
-                  tensor_parallel:int=1):
-    "Serve a model folder (or a run's fine-tuned model) until interrupted."
+                  tensor_parallel:int=1, max_seqs:int=32, drain_s:float=120):
+    "Serve a model folder (or a run's fine-tuned model) until SIGTERM or Ctrl-C, then drain for up to `drain_s` seconds."
     import uvicorn
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or None)
     path = resolve_model(model_or_run)
-    eng = TransformersEngine(path, name=name) if replica else \
-          build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel)
+    eng = TransformersEngine(path, name=name, max_seqs=max_seqs) if replica else \
+          build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel, max_seqs=max_seqs)
     app = make_app(eng, api_key=api_key, limits=Limits(python_retries=0) if replica else limits)
     get_logger().info(f"serving {path} with {eng.kind} on http://{host}:{port}/v1")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_s))
+    stop = server.handle_exit
+    def drain(sig, frame):
+        # uvicorn stops listening and lets running responses, streams included, finish; /ready turns 503 at once so a
+        # load balancer stops sending here; the engines are closed after the last response (the app's lifespan).
+        if not app.state.draining: get_logger().info(f"signal {sig}: draining the requests in flight (up to {drain_s:g} s)")
+        app.state.draining = True; stop(sig, frame)
+    server.handle_exit = drain
+    server.run()
 
 @contextlib.contextmanager
 def start_server(model_or_run, api_key:str|None=None, name:str|None=None, port:int|None=None, threads:int=1,
@@ -936,8 +948,9 @@ def main(argv=None):
     ap.add_argument("--max-seqs", type=int, default=32, help="sequences an engine batches at once")
     ap.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM replica")
     ap.add_argument("--replica", action="store_true", help="serve as one engine replica behind a gateway")
+    ap.add_argument("--drain-s", type=float, default=120, help="on SIGTERM, seconds to let requests in flight finish")
     a = ap.parse_args(argv)
     serve_forever(a.model, a.host, a.port, a.api_key, a.name, a.engine, a.replicas, a.threads, replica=a.replica,
-                  tensor_parallel=a.tensor_parallel)
+                  tensor_parallel=a.tensor_parallel, max_seqs=a.max_seqs, drain_s=a.drain_s)
 
 if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook

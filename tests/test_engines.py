@@ -132,3 +132,33 @@ def test_vllm_engine_behind_the_gateway(model):
 def group_alive(pgid):
     try: os.killpg(pgid, 0); return True
     except ProcessLookupError: return False
+
+def running(pid):
+    "Alive and not a zombie waiting to be reaped."
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError: return False
+
+def test_sigterm_lets_the_streams_in_flight_finish_then_stops_the_replicas(model):
+    """SIGTERM to the gateway, as Kubernetes sends it at a rolling update: the streams already running end whole, new clients
+    are turned away, and the gateway stops its replicas and exits once the last stream is done."""
+    with start_server(model, name="tiny", engine="transformers", replicas=1) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        reqs = [dict(model="tiny", prompt=p, max_tokens=200, temperature=0) for p in PROMPTS]
+        whole = [client.completions.create(**r).choices[0] for r in reqs]
+        h = health(url); gateway, replica = h["pid"], h["replicas"][0]["pid"]
+        streams = [iter(client.completions.create(**r, stream=True)) for r in reqs]
+        firsts = [next(s).choices[0].text for s in streams]  # every stream has begun
+        os.kill(gateway, signal.SIGTERM)
+        t0, turned_away = time.time(), False
+        while not turned_away and time.time() - t0 < 10:
+            try: urllib.request.urlopen(url.removesuffix("/v1") + "/ready", timeout=2); time.sleep(0.05)
+            except urllib.error.HTTPError as e: turned_away = e.code == 503
+            except OSError: turned_away = True  # no longer listening
+        assert turned_away, "the gateway kept taking new clients after SIGTERM"
+        for i, s in enumerate(streams):
+            chunks = list(s)
+            assert firsts[i] + "".join(c.choices[0].text for c in chunks) == whole[i].text
+            assert chunks[-1].choices[0].finish_reason == whole[i].finish_reason
+        t0 = time.time()
+        while (running(gateway) or group_alive(replica)) and time.time() - t0 < 30: time.sleep(0.2)
+        assert not running(gateway) and not group_alive(replica), "the gateway or its replica outlived the drain"
