@@ -23,6 +23,7 @@ class Scripted:
                                   failovers=0, recoveries_s=[])
     def count(self, text): return len(self.tok(text, add_special_tokens=False).input_ids)
     def chat_prompt(self, messages): return "".join(m["content"] for m in messages)
+    def close(self): pass
     async def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, stop=None, seed=None):
         self.prompts.append(prompt); self.budgets.append(max_tokens)
         await asyncio.sleep(self.delay)
