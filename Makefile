@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv vllm sandbox pipeline test export notebooks clean docs
+.PHONY: venv vllm sandbox tools pipeline test export notebooks clean docs
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,10 +28,14 @@ sandbox:
 	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)
 	@command -v bwrap >/dev/null || echo "note: bubblewrap (bwrap) is not installed: samples run without a private file system"
 
+# promtool, which tests/test_deploy.py runs on deploy/prometheus: into .tools/bin, no root needed.
+tools:
+	bash scripts/promtool.sh
+
 pipeline: venv vllm sandbox
 	$(BIN)/codellm pipeline --preset $(PRESET) --run-dir $(RUN)
 
-test: venv vllm sandbox
+test: venv vllm sandbox tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
 
 export: venv

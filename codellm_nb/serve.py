@@ -5,13 +5,14 @@
 # %% auto #0
 __all__ = ['NOT_IMPLEMENTED', 'DEFAULT_CHAT_TEMPLATE', 'FIM_STYLES', 'MESSAGES_SCHEMA', 'cut_at_stop', 'safe_prefix_len',
            'StopWatch', 'peak_rss_mb', 'BadRequest', 'check_text', 'check_request', 'EngineError', 'collect',
-           'load_tokenizer', 'TransformersEngine', 'fim_tokens', 'fim_prompt', 'python_prefix', 'completes_python',
-           'fit_prompt', 'Limits', 'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out',
-           'make_app', 'free_port', 'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool',
-           'resolve_model', 'resolve_engine', 'build_engine', 'serve_forever', 'start_server', 'main']
+           'load_tokenizer', 'TransformersEngine', 'merge_adapter', 'adapter_rank', 'parse_adapters', 'fim_tokens',
+           'fim_prompt', 'python_prefix', 'completes_python', 'fit_prompt', 'Limits', 'memory_used_ratio',
+           'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out', 'make_app', 'free_port',
+           'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model',
+           'resolve_engine', 'build_engine', 'serve_forever', 'start_server', 'main']
 
 # %% ../nbs/05_serve.ipynb #3f978c00
-import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, resource, signal, socket, subprocess, sys, threading, time, uuid
+import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, resource, signal, socket, subprocess, sys, tempfile, threading, time, uuid
 from pathlib import Path
 from fastcore.basics import patch
 from .core import detect_device, get_logger, read_manifest, set_threads
@@ -71,10 +72,12 @@ def check_text(value:str, field:str) -> str:
         raise BadRequest(f"{field} contains a NUL character at {value.index(chr(0))}: send text without it", field)
     return value
 
-def check_request(body:dict, served:str):
+def check_request(body:dict, served:str|list[str]):
     "Refuse what this server would otherwise ignore or fail on: another model, unimplemented fields, broken text."
-    if body.get("model") not in (None, served):
-        raise BadRequest(f"The model `{body['model']}` does not exist; this server serves `{served}`", "model", 404, "model_not_found")
+    names = [served] if isinstance(served, str) else list(served)
+    if body.get("model") not in (None, *names):
+        raise BadRequest(f"The model `{body['model']}` does not exist; this server serves {', '.join(f'`{n}`' for n in names)}",
+                         "model", 404, "model_not_found")
     for k, ok in NOT_IMPLEMENTED.items():
         if k in body and body[k] not in ok:
             raise BadRequest(f"{k}={body[k]!r} is not supported by this server: leave it out (or at {ok[0]!r})", k)
@@ -113,13 +116,18 @@ def _cancel(manager, rid:str):
 class TransformersEngine:
     "A `transformers` model served with continuous batching: requests join and leave the running batch every step."
     kind = "transformers"
-    def __init__(self, model_dir, name:str|None=None, max_seqs:int=32, page_size:int=64):
+    def __init__(self, model_dir, name:str|None=None, max_seqs:int=32, page_size:int=64, adapters:dict|None=None, adapter=None):
         import torch
         from transformers import AutoModelForCausalLM
         self.tok, self.name = load_tokenizer(model_dir), name or Path(model_dir).name
         dev = detect_device()
         dtype = torch.bfloat16 if dev["kind"] != "cpu" and dev.get("bf16") else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to("cpu" if dev["kind"] == "cpu" else "cuda").eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        if adapter is not None: model = merge_adapter(model, adapter)
+        self.model = model.to("cpu" if dev["kind"] == "cpu" else "cuda").eval()
+        # LoRA adapters served by name: each merged into a copy of the base, with its own batches (vLLM keeps one base instead)
+        self.adapters = {n: TransformersEngine(model_dir, n, max_seqs, page_size, adapter=a) for n, a in (adapters or {}).items()}
+        self.models = [self.name, *self.adapters]
         self.context, self.max_seqs, self.page_size = self.model.config.max_position_embeddings, max_seqs, page_size
         self.eos = self.tok.eos_token_id
         self._managers, self._lock, self._seeded, self._loop, self._plain = {}, threading.Lock(), threading.Lock(), None, None
@@ -146,8 +154,11 @@ class TransformersEngine:
 
     def count(self, text:str) -> int: return len(self.tok(text, add_special_tokens=False).input_ids)
 
-    async def stream(self, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None):
+    async def stream(self, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None, model=None):
         "Yield text deltas of a completion, then a dict with the finish reason and token counts."
+        if model not in (None, self.name):  # a LoRA adapter, by name
+            async for x in self.adapters[model].stream(prompt, max_tokens, temperature, top_p, stop, seed): yield x
+            return
         ids = self.tok(prompt, add_special_tokens=False).input_ids
         if len(ids) >= self.context: raise ValueError(f"The prompt has {len(ids)} tokens; this model's context is {self.context}")
         budget = min(max_tokens, self.context - len(ids))
@@ -180,9 +191,38 @@ class TransformersEngine:
                     failovers=0, recoveries_s=[])
 
     def close(self):
+        for e in self.adapters.values(): e.close()
         for m in self._managers.values(): m.stop(block=True)
         self._managers.clear()
         if self._loop is not None: self._loop.call_soon_threadsafe(self._loop.stop); self._loop = None
+
+# %% ../nbs/05_serve.ipynb #a1d0a7e2
+def merge_adapter(model, adapter_dir):
+    "`model` with the LoRA adapter in `adapter_dir` merged into its weights; an adapter made for another base is refused."
+    from peft import PeftModel
+    if not (Path(adapter_dir) / "adapter_config.json").exists():
+        raise FileNotFoundError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json): pass a fine-tuning "
+                                "stage's `finetune/adapter`")
+    try: return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    except RuntimeError as e:  # tensors of other shapes: trained over another base
+        raise ValueError(f"The adapter {adapter_dir} does not fit this base model ({str(e).strip().splitlines()[-1][:200]}): "
+                         "serve it over the model it was fine-tuned from") from None
+
+def adapter_rank(adapter_dir) -> int:
+    "The largest LoRA rank in an adapter folder (vLLM sizes its buffers by it)."
+    cfg = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    return max([cfg["r"], *cfg.get("rank_pattern", {}).values()])
+
+def parse_adapters(specs:list[str]) -> dict[str, str]:
+    "`NAME=DIR` strings (the `--lora` option) as a dict, each folder checked."
+    out = {}
+    for s in specs:
+        name, sep, path = s.partition("=")
+        if not (sep and name and path): raise ValueError(f"--lora {s!r}: write NAME=DIR, e.g. --lora sft=runs/tiny/finetune/adapter")
+        if not (Path(path) / "adapter_config.json").exists():
+            raise FileNotFoundError(f"--lora {s}: {path} is not a LoRA adapter folder (no adapter_config.json)")
+        out[name] = path
+    return out
 
 # %% ../nbs/05_serve.ipynb #c98b9a02
 @patch
@@ -303,6 +343,14 @@ class Limits:
         return self.timeout_s + prompt_tokens * self.prefill_s + max_tokens * self.decode_s
 
 # %% ../nbs/05_serve.ipynb #62f336ae
+def memory_used_ratio() -> float:
+    "Memory in use over what this process may use: its container's limit (cgroup v2) where one is set, else the machine's."
+    import psutil
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max": return int(Path("/sys/fs/cgroup/memory.current").read_text()) / int(limit)
+    return psutil.virtual_memory().percent / 100
+
 def gateway_metrics():
     "The gateway's Prometheus metrics, in a registry of their own."
     from types import SimpleNamespace
@@ -414,7 +462,7 @@ class Gateway:
     def prepare(self, req, prompts:list[str], chat:bool) -> tuple[list[dict], dict]:
         "Check a request; each prompt as the engine will see it (FIM built, fitted), and the sampling settings."
         eng = self.engine
-        check_request(req.model_dump(exclude_unset=True), eng.name)
+        check_request(req.model_dump(exclude_unset=True), getattr(eng, "models", [eng.name]))
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         for i, s in enumerate(stop): check_text(s, f"stop[{i}]")
         if not prompts: raise BadRequest("prompt is an empty list: send at least one prompt", "prompt")
@@ -436,7 +484,9 @@ class Gateway:
             job["python"] = text if not chat and self.lim.python_retries and python_prefix(text) else None
             job["suffix"] = s_fit if suffix else ""
             jobs.append(job)
-        return jobs, dict(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop, seed=req.seed)
+        kw = dict(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, stop=stop, seed=req.seed)
+        if req.model not in (None, eng.name): kw["model"] = req.model  # a LoRA adapter, by name
+        return jobs, kw
 
 # %% ../nbs/05_serve.ipynb #80c8f035
 @patch
@@ -520,7 +570,7 @@ async def respond(self:Gateway, req, prompts:list[str], chat:bool):
     from fastapi.responses import StreamingResponse
     jobs, kw = self.prepare(req, prompts, chat)
     head = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", object="chat.completion" if chat else "text_completion",
-                created=int(time.time()), model=self.engine.name)
+                created=int(time.time()), model=req.model or self.engine.name)
     deadline = self.lim.deadline(max(self.engine.count(j["prompt"]) for j in jobs), kw["max_tokens"])
     if not req.stream: return await self.answer(jobs, kw, head, chat, deadline)
     slot = self.admitted(); await slot.__aenter__()  # held until the stream ends; a full queue is refused before any byte is sent
@@ -536,7 +586,6 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     from jinja2 import TemplateError
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException
-    import psutil
     gw = Gateway(engine, limits)
     Completion, Chat = request_models(gw.lim.max_tokens)
 
@@ -589,13 +638,16 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     @app.get("/metrics")
     def metrics():
         h, met = engine.health(), gw.met
-        met.memory.set(psutil.virtual_memory().percent / 100)
+        met.memory.set(memory_used_ratio())
         met.replicas.set(sum(r["healthy"] for r in h["replicas"]))
         met.failovers.set(h["failovers"]); met.restarts.set(sum(r["restarts"] for r in h["replicas"]))
         return Response(generate_latest(met.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    def models(): return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "codellm_nb"}]}
+    def models():
+        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "codellm_nb", "root": engine.name,
+                                            "parent": None if n == engine.name else engine.name}  # adapters name their base
+                                           for n in getattr(engine, "models", [engine.name])]}
 
     @app.post("/v1/completions")
     async def completions(req:Completion):
@@ -631,7 +683,7 @@ def vllm_supported(model_dir) -> str|None:
     return None
 
 def engine_command(kind:str, model_dir, name:str, port:int, threads:int=1, tensor_parallel:int=1,
-                   max_seqs:int=32) -> tuple[list[str], dict]:
+                   max_seqs:int=32, adapters:dict|None=None) -> tuple[list[str], dict]:
     "The command and environment that start one engine replica serving the OpenAI API on `port`."
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     ctx = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
@@ -644,10 +696,15 @@ def engine_command(kind:str, model_dir, name:str, port:int, threads:int=1, tenso
             if len(os.sched_getaffinity(0)) <= 4:  # vLLM pins its worker to a core and leaves the rest to its own server, the
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # gateway and clients: on a few cores they starve
         else: cmd += ["--tensor-parallel-size", str(tensor_parallel)]
+        if adapters:  # served over one copy of the base, batched together; vLLM sizes its LoRA buffers by the largest rank
+            rank = max(adapter_rank(a) for a in adapters.values())
+            cmd += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank",
+                    str(next(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)),
+                    "--lora-modules", *(f"{n}={Path(a).resolve()}" for n, a in adapters.items())]
         return cmd, env
     if kind == "transformers":
         return [sys.executable, "-m", "codellm_nb.serve", "--replica", "--model", str(model_dir), "--name", name,
-                "--port", str(port), "--max-seqs", str(max_seqs)], env
+                "--port", str(port), "--max-seqs", str(max_seqs), *(x for n, a in (adapters or {}).items() for x in ("--lora", f"{n}={a}"))], env
     raise ValueError(f"Unknown engine {kind!r}: use vllm or transformers")
 
 def _die_with_parent():
@@ -664,7 +721,7 @@ class Replica:
     "One engine process serving the OpenAI API on a local port; restarted by its pool when it dies."
     def __init__(self, kind:str, model_dir, name:str, index:int=0, log_dir=None, **kw):
         self.kind, self.model_dir, self.name, self.index, self.kw = kind, Path(model_dir), name, index, kw
-        self.log_dir = Path(log_dir or self.model_dir)
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="codellm-replicas-"))  # not in a (read-only) model folder
         self.proc, self.port, self.healthy, self.inflight, self.restarts, self.down_since = None, None, False, 0, 0, None
 
     @property
@@ -724,12 +781,15 @@ class Replica:
 class ReplicaPool:
     "Engine replicas behind the engine contract: least-busy routing, retry on another replica, health checks, restarts."
     def __init__(self, model_dir, engine:str="transformers", replicas:int=1, name:str|None=None, threads:int=1,
-                 tensor_parallel:int=1, max_seqs:int=32, check_every:float=0.5, log_dir=None):
+                 tensor_parallel:int=1, max_seqs:int=32, check_every:float=0.5, log_dir=None, adapters:dict|None=None):
         self.model_dir, self.kind = Path(model_dir), engine
         self.tok, self.name = load_tokenizer(model_dir), name or Path(model_dir).name
+        self.models = [self.name, *(adapters or {})]
         self.context = json.loads((self.model_dir / "config.json").read_text()).get("max_position_embeddings", 2048)
+        log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="codellm-replicas-"))
+        get_logger().info(f"replica logs: {log_dir}")
         self.replicas = [Replica(engine, model_dir, self.name, i, log_dir, threads=threads, tensor_parallel=tensor_parallel,
-                                 max_seqs=max_seqs) for i in range(replicas)]
+                                 max_seqs=max_seqs, adapters=adapters) for i in range(replicas)]
         self.check_every, self.failovers, self.recoveries, self.http, self._task = check_every, 0, [], None, None
 
     async def start(self):
@@ -777,9 +837,9 @@ def _refusal(status:int, raw:bytes) -> Exception:
     return BadRequest(err.get("message", "refused by the engine"), err.get("param"), status)
 
 @patch
-def _body(self:ReplicaPool, prompt, max_tokens, temperature, top_p, stop, seed, stream:bool) -> dict:
+def _body(self:ReplicaPool, prompt, max_tokens, temperature, top_p, stop, seed, stream:bool, model=None) -> dict:
     # OpenAI's API (and vLLM) take at most 4 stop sequences: the pool applies every one itself, and passes the first 4 on
-    return dict(model=self.name, prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stream=stream,
+    return dict(model=model or self.name, prompt=prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stream=stream,
                 stop=list(stop or [])[:4] or None, seed=seed, **(dict(stream_options={"include_usage": True}) if stream else {}))
 
 @patch
@@ -795,9 +855,10 @@ async def _with_failover(self:ReplicaPool, once):
         finally: r.inflight -= 1
 
 @patch
-async def complete(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None):
+async def complete(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None,
+                   model=None):
     "A whole completion in one response (no per-token events to relay) and its finish dict; a failed replica is retried elsewhere."
-    body = self._body(prompt, max_tokens, temperature, top_p, stop, seed, stream=False)
+    body = self._body(prompt, max_tokens, temperature, top_p, stop, seed, stream=False, model=model)
     async def once(r:Replica):
         resp = await self.http.post(f"{r.url}/v1/completions", json=body)
         if resp.status_code != 200: raise _refusal(resp.status_code, resp.content)
@@ -808,10 +869,11 @@ async def complete(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:
     return await self._with_failover(once)
 
 @patch
-async def stream(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None):
+async def stream(self:ReplicaPool, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None,
+                 model=None):
     "Yield deltas then the finish dict; a replica that fails before the first delta is retried elsewhere."
     import httpx2 as httpx
-    body, tried = self._body(prompt, max_tokens, temperature, top_p, stop, seed, stream=True), set()
+    body, tried = self._body(prompt, max_tokens, temperature, top_p, stop, seed, stream=True, model=model), set()
     while True:
         r = self._next(tried); r.inflight += 1
         started, finish, usage, text, watch = False, None, {}, "", StopWatch(stop)
@@ -889,18 +951,19 @@ def build_engine(model_dir, engine:str="auto", replicas:int=0, name:str|None=Non
     "The engine to put behind the gateway: transformers in this process (replicas=0), or a pool of replica processes."
     kind = resolve_engine(engine, model_dir)
     if kind == "transformers" and replicas == 0:
-        return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k == "max_seqs"})  # one process, one GPU at most
+        return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k in ("max_seqs", "adapters")})  # one process
     return ReplicaPool(model_dir, kind, max(1, replicas), name=name, threads=threads, **kw)
 
 def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str|None=None, name:str|None=None,
                   engine:str="auto", replicas:int=0, threads:int=1, limits:Limits|None=None, replica:bool=False,
-                  tensor_parallel:int=1, max_seqs:int=32, drain_s:float=120):
+                  tensor_parallel:int=1, max_seqs:int=32, drain_s:float=120, adapters:dict|None=None):
     "Serve a model folder (or a run's fine-tuned model) until SIGTERM or Ctrl-C, then drain for up to `drain_s` seconds."
     import uvicorn
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or None)
     path = resolve_model(model_or_run)
-    eng = TransformersEngine(path, name=name, max_seqs=max_seqs) if replica else \
-          build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel, max_seqs=max_seqs)
+    eng = TransformersEngine(path, name=name, max_seqs=max_seqs, adapters=adapters) if replica else \
+          build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel, max_seqs=max_seqs,
+                       adapters=adapters)
     app = make_app(eng, api_key=api_key, limits=Limits(python_retries=0) if replica else limits)
     get_logger().info(f"serving {path} with {eng.kind} on http://{host}:{port}/v1")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_s))
@@ -915,13 +978,14 @@ def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str
 
 @contextlib.contextmanager
 def start_server(model_or_run, api_key:str|None=None, name:str|None=None, port:int|None=None, threads:int=1,
-                 timeout:float=300, engine:str="transformers", replicas:int=0):
+                 timeout:float=300, engine:str="transformers", replicas:int=0, adapters:dict|None=None):
     "Run the gateway (and its engines) in a child process for the duration of the `with` block; yields the base URL."
     import urllib.request
     path, port = resolve_model(model_or_run), port or free_port()
     cmd = [sys.executable, "-m", "codellm_nb.serve", "--model", str(path), "--port", str(port), "--engine", engine,
            "--replicas", str(replicas), "--threads", str(threads)]
     cmd += (["--api-key", api_key] if api_key else []) + (["--name", name] if name else [])
+    cmd += [x for n, a in (adapters or {}).items() for x in ("--lora", f"{n}={a}")]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     log = open(Path(path) / f".server-{port}.log", "w+")
     p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -955,8 +1019,9 @@ def main(argv=None):
     ap.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per vLLM replica")
     ap.add_argument("--replica", action="store_true", help="serve as one engine replica behind a gateway")
     ap.add_argument("--drain-s", type=float, default=120, help="on SIGTERM, seconds to let requests in flight finish")
+    ap.add_argument("--lora", action="append", default=[], metavar="NAME=DIR", help="serve a LoRA adapter folder by name (repeatable)")
     a = ap.parse_args(argv)
     serve_forever(a.model, a.host, a.port, a.api_key, a.name, a.engine, a.replicas, a.threads, replica=a.replica,
-                  tensor_parallel=a.tensor_parallel, max_seqs=a.max_seqs, drain_s=a.drain_s)
+                  tensor_parallel=a.tensor_parallel, max_seqs=a.max_seqs, drain_s=a.drain_s, adapters=parse_adapters(a.lora))
 
 if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook
