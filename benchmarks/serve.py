@@ -8,7 +8,8 @@ times and keeping the median:
   another — what a server that generates one request at a time gives 16 clients (the fastest single-request call of
   the library);
 - `transformers continuous batching`: `TransformersEngine.generate_many`, in-process, all requests submitted at once;
-- through the gateway over HTTP with the official `openai` client from 1, 4, 16 and 64 threads, for a transformers
+- through the gateway over HTTP with the official `openai` client from 1, 4, 16 and 64 threads (each sending 4
+  requests, a steady state; once more at 16 streaming, for time to first token p50/p99), for a transformers
   replica and (when `make vllm` installed it) a vLLM replica — what a user of the server gets — and vLLM's own server
   at 16 clients without the gateway (the gateway's overhead).
 
@@ -41,10 +42,19 @@ def batched(engine, ps, max_tokens) -> tuple[int, float]:
     outs = engine.generate_many([dict(prompt=p, max_tokens=max_tokens, temperature=0) for p in ps])
     return sum(o["completion_tokens"] for o in outs), time.perf_counter() - t0
 
-def over_http(url, ps, max_tokens, clients) -> tuple[int, float]:
+def over_http(url, ps, max_tokens, clients, ttft:list|None=None) -> tuple[int, float]:
+    "Send `ps` from `clients` threads; with `ttft`, streamed, and each request's time to its first text appended to it."
     import openai
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
-    def one(p): return client.completions.create(model="bench", prompt=p, max_tokens=max_tokens, temperature=0).usage.completion_tokens
+    def one(p):
+        if ttft is None: return client.completions.create(model="bench", prompt=p, max_tokens=max_tokens, temperature=0).usage.completion_tokens
+        t0, first, n = time.perf_counter(), None, 0
+        for c in client.completions.create(model="bench", prompt=p, max_tokens=max_tokens, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}):
+            if c.choices and c.choices[0].text and first is None: first = time.perf_counter() - t0
+            if c.usage: n = c.usage.completion_tokens
+        ttft.append(first if first is not None else time.perf_counter() - t0)
+        return n
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as ex: n = sum(ex.map(one, ps))
     return n, time.perf_counter() - t0
@@ -70,18 +80,20 @@ def main():
         runs["generate, one at a time"].append(one_at_a_time(model, ps, a.max_tokens))
         runs["transformers continuous batching"].append(batched(eng, ps, a.max_tokens))
     eng.close()
-    engines = ["transformers"]
+    engines, ttft = ["transformers"], {}
     try: vllm_python(); engines += [] if vllm_supported(model) else ["vllm"]
     except FileNotFoundError as e: print(f"vLLM not measured: {e}")
     for kind in engines:
         with start_server(model, name="bench", engine=kind, replicas=1, threads=a.threads) as url:
             bare = json.load(urllib.request.urlopen(url.removesuffix("/v1") + "/health"))["replicas"][0]["url"] + "/v1"
             over_http(url, ps[:4], 8, 4)  # warm-up
-            for clients in CLIENTS:
+            for clients in CLIENTS:  # every client sends 4 requests: a steady state, not one burst
                 runs[f"{kind} replica over HTTP, {clients} client{'s' if clients > 1 else ''}"] = \
-                    [over_http(url, ps * max(1, clients // len(ps)), a.max_tokens, clients) for _ in range(a.repeats)]
+                    [over_http(url, ps * max(1, 4 * clients // len(ps)), a.max_tokens, clients) for _ in range(a.repeats)]
+            ttft[kind] = []  # time to first token under load: 16 clients streaming
+            runs[f"{kind} replica over HTTP, 16 clients streaming"] = [over_http(url, ps * 4, a.max_tokens, 16, ttft[kind]) for _ in range(a.repeats)]
             if kind == "vllm":  # the same load sent to the engine's own server, skipping the gateway
-                runs["vllm server alone (no gateway), 16 clients"] = [over_http(bare, ps, a.max_tokens, 16) for _ in range(a.repeats)]
+                runs["vllm server alone (no gateway), 16 clients"] = [over_http(bare, ps * 4, a.max_tokens, 16) for _ in range(a.repeats)]
     rows = {name: dict(tokens=r[0][0], seconds=round(statistics.median(s for _, s in r), 3),
                        tokens_per_s=round(statistics.median(n / s for n, s in r), 1)) for name, r in runs.items()}
     base = rows["generate, one at a time"]["tokens_per_s"]
@@ -90,6 +102,9 @@ def main():
               for kind in engines}
     print(md_table([dict(setup=k, **v) for k, v in rows.items()]))
     print("16 clients / 1 client:", ratios)
+    q = lambda xs, f: round(1000 * sorted(xs)[min(len(xs) - 1, int(f * len(xs)))], 1)
+    ttft_ms = {kind: dict(p50=q(xs, 0.5), p99=q(xs, 0.99), requests=len(xs)) for kind, xs in ttft.items()}
+    print("time to first token at 16 streaming clients (ms):", ttft_ms)
     if "vllm" in engines:
         gw, alone = rows["vllm replica over HTTP, 16 clients"]["tokens_per_s"], rows["vllm server alone (no gateway), 16 clients"]["tokens_per_s"]
         print(f"gateway overhead at 16 clients: {100 * (1 - gw / alone):.1f}% of vLLM's own throughput")
@@ -98,6 +113,6 @@ def main():
     headline = dict(metric=f"serving, {lead} behind the gateway: tokens/s at 16 clients / 1 client (a one-at-a-time server: 1.0)",
                     value=ratios[lead], target=">= 4")
     save_result(a.out, dict(headline=headline, model=str(model), requests=a.requests, max_tokens=a.max_tokens, threads=a.threads,
-                            repeats=a.repeats, rows=rows, clients_16_over_1=ratios))
+                            repeats=a.repeats, rows=rows, clients_16_over_1=ratios, ttft_ms_16_clients=ttft_ms))
 
 if __name__ == "__main__": main()

@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['NOT_IMPLEMENTED', 'DEFAULT_CHAT_TEMPLATE', 'FIM_STYLES', 'MESSAGES_SCHEMA', 'cut_at_stop', 'safe_prefix_len',
            'StopWatch', 'peak_rss_mb', 'BadRequest', 'check_text', 'check_request', 'EngineError', 'collect',
-           'load_tokenizer', 'TransformersEngine', 'merge_adapter', 'adapter_rank', 'parse_adapters', 'fim_tokens',
-           'fim_prompt', 'python_prefix', 'completes_python', 'fit_prompt', 'Limits', 'memory_used_ratio',
+           'count_tokens', 'load_tokenizer', 'TransformersEngine', 'merge_adapter', 'adapter_rank', 'parse_adapters',
+           'fim_tokens', 'fim_prompt', 'python_prefix', 'completes_python', 'fit_prompt', 'ngram_proposal',
+           'speculative_rounds', 'load_draft', 'shallow_draft', 'distill_draft', 'Limits', 'memory_used_ratio',
            'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out', 'make_app', 'free_port',
            'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model',
            'resolve_engine', 'build_engine', 'serve_forever', 'start_server', 'main']
@@ -97,6 +98,11 @@ async def collect(stream) -> tuple[str, dict]:
         else: text += x
     return text, fin
 
+def count_tokens(tok, text:str) -> int:
+    "Tokens in `text`, through the fast tokenizer's own encoder (a tenth of the overhead of calling the HF wrapper)."
+    backend = getattr(tok, "backend_tokenizer", None)
+    return len(backend.encode(text, add_special_tokens=False).ids) if backend else len(tok(text, add_special_tokens=False).input_ids)
+
 def load_tokenizer(model_dir):
     "The tokenizer of a model folder, with a chat template (a plain one when the folder has none)."
     from transformers import AutoTokenizer
@@ -116,7 +122,8 @@ def _cancel(manager, rid:str):
 class TransformersEngine:
     "A `transformers` model served with continuous batching: requests join and leave the running batch every step."
     kind = "transformers"
-    def __init__(self, model_dir, name:str|None=None, max_seqs:int=32, page_size:int=64, adapters:dict|None=None, adapter=None):
+    def __init__(self, model_dir, name:str|None=None, max_seqs:int=32, page_size:int=64, adapters:dict|None=None, adapter=None,
+                 draft=None, spec_tokens:int=4):
         import torch
         from transformers import AutoModelForCausalLM
         self.tok, self.name = load_tokenizer(model_dir), name or Path(model_dir).name
@@ -128,6 +135,8 @@ class TransformersEngine:
         # LoRA adapters served by name: each merged into a copy of the base, with its own batches (vLLM keeps one base instead)
         self.adapters = {n: TransformersEngine(model_dir, n, max_seqs, page_size, adapter=a) for n, a in (adapters or {}).items()}
         self.models = [self.name, *self.adapters]
+        self.draft = None if draft is None else load_draft(draft, self.tok, dtype, self.model.device)  # speculative decoding at batch 1
+        self.spec_tokens, self.spec, self._running, self._solo = spec_tokens, dict(rounds=0, proposed=0, accepted=0), 0, 0
         self.context, self.max_seqs, self.page_size = self.model.config.max_position_embeddings, max_seqs, page_size
         self.eos = self.tok.eos_token_id
         self._managers, self._lock, self._seeded, self._loop, self._plain = {}, threading.Lock(), threading.Lock(), None, None
@@ -152,7 +161,7 @@ class TransformersEngine:
     def chat_prompt(self, messages:list[dict]) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def count(self, text:str) -> int: return len(self.tok(text, add_special_tokens=False).input_ids)
+    def count(self, text:str) -> int: return count_tokens(self.tok, text)
 
     async def stream(self, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None, model=None):
         "Yield text deltas of a completion, then a dict with the finish reason and token counts."
@@ -163,7 +172,11 @@ class TransformersEngine:
         if len(ids) >= self.context: raise ValueError(f"The prompt has {len(ids)} tokens; this model's context is {self.context}")
         budget = min(max_tokens, self.context - len(ids))
         if temperature > 0 and seed is not None:  # a seeded sample must be reproducible: generate it alone
-            async for x in self._seeded_stream(ids, budget, temperature, top_p, stop, seed): yield x
+            async for x in self._alone(ids, stop, lambda: self._sampled(ids, budget, temperature, top_p, seed)): yield x
+            return
+        if temperature == 0 and self.draft is not None and self._running == self._solo == 0:  # alone: the draft speeds it up
+            tokens = lambda: speculative_rounds(self._twin(), self.draft, ids, budget, self.spec_tokens, self.eos, self.spec)
+            async for x in self._alone(ids, stop, tokens): yield x
             return
         mgr, q = self._manager(temperature > 0), asyncio.Queue()
         kw = dict(temperature=float(temperature), top_p=float(top_p)) if temperature > 0 else {}
@@ -171,6 +184,7 @@ class TransformersEngine:
         mgr.register_result_handler(rid, q.put_nowait)  # called on this loop for every new token
         mgr.add_request(ids, request_id=rid, max_new_tokens=budget, streaming=True, eos_token_id=self.eos, **kw)
         watch, out = StopWatch(stop), []
+        self._running += 1
         try:
             while True:
                 r = await q.get()
@@ -181,14 +195,16 @@ class TransformersEngine:
                 if r.is_finished(): break
         except BaseException:
             _cancel(mgr, rid); raise
+        finally: self._running -= 1
         if not watch.stopped and (d := watch.flush(self.tok.decode(out, skip_special_tokens=True))): yield d
         eos = bool(out) and out[-1] == self.eos
         yield dict(finish_reason="stop" if watch.stopped or eos else "length", prompt_tokens=len(ids), completion_tokens=len(out))
 
     def ready(self) -> bool: return True
     def health(self) -> dict:
+        spec = dict(speculative=dict(self.spec, acceptance=round(self.spec["accepted"] / max(1, self.spec["proposed"]), 3))) if self.draft else {}
         return dict(engine=self.kind, replicas=[dict(index=0, healthy=True, restarts=0, inflight=None, pid=os.getpid(), rss_mb=0.0)],
-                    failovers=0, recoveries_s=[])
+                    failovers=0, recoveries_s=[], **spec)
 
     def close(self):
         for e in self.adapters.values(): e.close()
@@ -258,28 +274,38 @@ def _twin(self:TransformersEngine):
     return self._plain
 
 @patch
-async def _seeded_stream(self:TransformersEngine, ids, budget, temperature, top_p, stop, seed):
-    "A sampled completion from its own random generator: the same seed gives the same text, whatever else runs."
+async def _alone(self:TransformersEngine, ids, stop, tokens):
+    "Decode on the twin in a worker thread: `tokens()` yields lists of new tokens until the end, a stop sequence or EOS."
     import torch
     def work():
-        g, x, past, out, watch = torch.Generator().manual_seed(seed), torch.tensor([ids]), None, [], StopWatch(stop)
-        with self._seeded, torch.no_grad():
-            model = self._twin()
-            for _ in range(budget):
-                o = model(input_ids=x.to(model.device), past_key_values=past, use_cache=True)
-                past, probs = o.past_key_values, torch.softmax(o.logits[0, -1].float().cpu() / temperature, -1)
-                p, i = probs.sort(descending=True)
-                p[(p.cumsum(0) - p) >= top_p] = 0  # nucleus: the smallest set of tokens holding top_p of the mass
-                out.append(int(i[torch.multinomial(p, 1, generator=g)]))
+        out, watch = [], StopWatch(stop)
+        with self._seeded, torch.no_grad():  # one at a time: the twin has one cache
+            for new in tokens():
+                out += new
                 watch.update(self.tok.decode(out, skip_special_tokens=True))
                 if out[-1] == self.eos or watch.stopped: break
-                x = torch.tensor([[out[-1]]])
         return out, watch.stopped
-    out, stopped = await asyncio.to_thread(work)
+    self._solo += 1  # counted before the first await: a request arriving meanwhile sees it
+    try: out, stopped = await asyncio.to_thread(work)
+    finally: self._solo -= 1
     text, _ = cut_at_stop(self.tok.decode(out, skip_special_tokens=True), list(stop or []))
     if text: yield text
     eos = bool(out) and out[-1] == self.eos
     yield dict(finish_reason="stop" if stopped or eos else "length", prompt_tokens=len(ids), completion_tokens=len(out))
+
+@patch
+def _sampled(self:TransformersEngine, ids, budget, temperature, top_p, seed):
+    "Sampled tokens, one at a time, from a random generator of their own: the same seed gives the same text, whatever else runs."
+    import torch
+    g, x, cache, model = torch.Generator().manual_seed(seed), torch.tensor([ids]), None, self._twin()
+    for _ in range(budget):
+        o = model(input_ids=x.to(model.device), cache=cache, use_cache=True)
+        cache, probs = o.past_key_values, torch.softmax(o.logits[0, -1].float().cpu() / temperature, -1)
+        p, i = probs.sort(descending=True)
+        p[(p.cumsum(0) - p) >= top_p] = 0  # nucleus: the smallest set of tokens holding top_p of the mass
+        nxt = int(i[torch.multinomial(p, 1, generator=g)])
+        yield [nxt]
+        x = torch.tensor([[nxt]])
 
 # %% ../nbs/05_serve.ipynb #17daba2c
 FIM_STYLES = [("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # this project, Qwen2.5-Coder
@@ -324,6 +350,84 @@ def fit_prompt(tok, prompt:str, budget:int, header_frac:float=0.25) -> tuple[str
     while len(tok(out, add_special_tokens=False).input_ids) > budget and tail:  # re-tokenising may merge differently
         tail = tail[max(1, len(tail) // 50):]; out = head + tail
     return out, len(ids) - len(tok(out, add_special_tokens=False).input_ids)
+
+# %% ../nbs/05_serve.ipynb #5bec0002
+def ngram_proposal(seq:list[int], k:int, max_n:int=4, min_n:int=2) -> list[int]:
+    "Up to `k` tokens that followed the latest earlier occurrence of the sequence's last n tokens (longest n first)."
+    for n in range(max_n, min_n - 1, -1):
+        tail = seq[-n:]
+        for i in range(len(seq) - n - 1, -1, -1):
+            if seq[i:i + n] == tail: return seq[i + n:i + n + k]
+    return []
+
+def speculative_rounds(target, draft, ids:list[int], max_new_tokens:int, k:int=4, eos:int|None=None, stats:dict|None=None):
+    "Greedy decoding of `target`, `draft` (a model, or \"ngram\") proposing `k` tokens a round: yields each round's new tokens."
+    import torch
+    from transformers import DynamicCache
+    stats = {} if stats is None else stats
+    for key in ("rounds", "proposed", "accepted"): stats.setdefault(key, 0)
+    tc, dc, seq = DynamicCache(), DynamicCache(), list(ids)
+    def read(model, cache, toks):  # the model's greedy choice after each of `toks`, which join its cache
+        return model(torch.tensor([toks], device=model.device), cache=cache, use_cache=True).logits[0].argmax(-1).tolist()
+    def forget(cache, n):
+        if n: cache.crop(-n)
+    last, unread = read(target, tc, ids)[-1], list(ids)  # both caches hold every committed token but `last`
+    yield [last]; seq.append(last)
+    while len(seq) - len(ids) < max_new_tokens and last != eos:
+        room = min(k, max_new_tokens - (len(seq) - len(ids)) - 1)  # a round adds its drafts and one token of the target's
+        if draft == "ngram": drafts = ngram_proposal(seq, room)
+        else:
+            drafts, feed = [], unread + [last]
+            for _ in range(room): drafts.append(read(draft, dc, feed)[-1]); feed = [drafts[-1]]
+        checks = read(target, tc, [last, *drafts])  # the target's choice after `last` and after each draft: one pass
+        n = next((i for i, (d, t) in enumerate(zip(drafts, checks)) if d != t), len(drafts))
+        new = drafts[:n] + [checks[n]]  # the accepted drafts, then the target's own token
+        forget(tc, len(drafts) - n)  # the target read `last` and every draft: keep what was accepted
+        if draft != "ngram":
+            if not drafts: unread = unread + [last]  # the last round of a budget: no drafts, the draft read nothing
+            elif n < len(drafts): forget(dc, len(drafts) - 1 - n); unread = []  # the draft read `last` and drafts[:-1]
+            else: unread = [drafts[-1]]
+        stats["rounds"] += 1; stats["proposed"] += len(drafts); stats["accepted"] += n
+        if eos in new: new = new[:new.index(eos) + 1]
+        yield new; seq += new; last = new[-1]
+
+def load_draft(draft, tok, dtype=None, device="cpu"):
+    "A draft model folder for speculative decoding (or \"ngram\"); one with another tokenizer is refused by name."
+    if str(draft) == "ngram": return "ngram"
+    from transformers import AutoModelForCausalLM
+    if load_tokenizer(draft).get_vocab() != tok.get_vocab():
+        raise ValueError(f"The draft {draft} has another tokenizer than the target: a draft must share the target's vocabulary "
+                         "(train it on the same data run, e.g. with distill_draft)")
+    return AutoModelForCausalLM.from_pretrained(draft, dtype=dtype).to(device).eval()
+
+# %% ../nbs/05_serve.ipynb #5bec0004
+def shallow_draft(target, n_layers:int=1):
+    "A draft made of the target's embeddings, first `n_layers` decoder layers, final norm and output head (copied)."
+    import copy
+    cfg = copy.deepcopy(target.config); cfg.num_hidden_layers = n_layers
+    if getattr(cfg, "layer_types", None): cfg.layer_types = cfg.layer_types[:n_layers]
+    draft = type(target)(cfg)
+    missing = draft.load_state_dict(target.state_dict(), strict=False).missing_keys
+    assert not missing, f"the target lacks {missing}"
+    return draft.to(target.device, target.dtype)
+
+def distill_draft(target, draft, tokens, out_dir, n_prompts:int=256, prompt_len:int=32, new_tokens:int=96, steps:int=200,
+                  batch:int=16, lr:float=1e-3, seed:int=0):
+    "Train `draft` on the target's greedy continuations of `n_prompts` windows of `tokens` (loss on the continuations)."
+    import numpy as np, torch
+    from transformers import Trainer, TrainingArguments, default_data_collator
+    starts = np.random.default_rng(seed).integers(0, len(tokens) - prompt_len, n_prompts)
+    prompts, seqs = torch.tensor(np.stack([tokens[s:s + prompt_len] for s in starts]).astype(np.int64)), []
+    with torch.no_grad():
+        for chunk in prompts.split(64):  # prompts of one length: batches without padding
+            seqs += target.generate(chunk.to(target.device), attention_mask=torch.ones_like(chunk).to(target.device), do_sample=False,
+                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0).tolist()
+    rows = [dict(input_ids=s, labels=[-100] * prompt_len + s[prompt_len:]) for s in seqs]
+    args = TrainingArguments(str(out_dir), max_steps=steps, per_device_train_batch_size=batch, learning_rate=lr, warmup_steps=steps // 10,
+                             lr_scheduler_type="cosine", use_cpu=target.device.type == "cpu", bf16=False, report_to=[],
+                             save_strategy="no", logging_steps=max(1, steps // 4), seed=seed, disable_tqdm=True)
+    Trainer(model=draft, args=args, train_dataset=rows, data_collator=default_data_collator).train()
+    return draft.eval()
 
 # %% ../nbs/05_serve.ipynb #4d9065c5
 @dataclasses.dataclass
@@ -480,7 +584,8 @@ class Gateway:
                 job = dict(prompt=fim_prompt(eng.tok, text, s_fit), dropped=dropped + len(s_ids) - eng.count(s_fit))
             else:
                 text, dropped = self.fit(p, room, field); job = dict(prompt=text, dropped=dropped)
-            job["max_tokens"] = max(1, min(max_tokens, eng.context - eng.count(job["prompt"])))  # what the context has left
+            job["prompt_tokens"] = eng.count(job["prompt"])
+            job["max_tokens"] = max(1, min(max_tokens, eng.context - job["prompt_tokens"]))  # what the context has left
             job["python"] = text if not chat and self.lim.python_retries and python_prefix(text) else None
             job["suffix"] = s_fit if suffix else ""
             jobs.append(job)
@@ -571,7 +676,7 @@ async def respond(self:Gateway, req, prompts:list[str], chat:bool):
     jobs, kw = self.prepare(req, prompts, chat)
     head = dict(id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", object="chat.completion" if chat else "text_completion",
                 created=int(time.time()), model=req.model or self.engine.name)
-    deadline = self.lim.deadline(max(self.engine.count(j["prompt"]) for j in jobs), kw["max_tokens"])
+    deadline = self.lim.deadline(max(j["prompt_tokens"] for j in jobs), kw["max_tokens"])
     if not req.stream: return await self.answer(jobs, kw, head, chat, deadline)
     slot = self.admitted(); await slot.__aenter__()  # held until the stream ends; a full queue is refused before any byte is sent
     usage = bool((req.stream_options or {}).get("include_usage"))
@@ -580,7 +685,7 @@ async def respond(self:Gateway, req, prompts:list[str], chat:bool):
 # %% ../nbs/05_serve.ipynb #e241e689
 def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     "The gateway: a FastAPI app serving `engine` (in-process or a `ReplicaPool`) with the OpenAI API, limits and metrics."
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
     from jinja2 import TemplateError
@@ -616,15 +721,23 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     @app.exception_handler(HTTPException)
     async def http_error(request, exc): return error(exc.status_code, str(exc.detail))
 
-    @app.middleware("http")
-    async def guard(request:Request, call_next):
-        path, t0 = request.url.path, time.monotonic()
-        if api_key and path.startswith("/v1/") and request.headers.get("authorization") != f"Bearer {api_key}":
-            resp = error(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error", code="invalid_api_key")
-        else: resp = await call_next(request)
-        if path.startswith("/v1/"):
-            gw.met.requests.labels(path, str(resp.status_code)).inc(); gw.met.latency.labels(path).observe(time.monotonic() - t0)
-        return resp
+    class Guard:
+        "The API key, and each request's status and whole latency (streams included), as plain ASGI: no extra task per request."
+        def __init__(self, app): self.app = app
+        async def __call__(self, scope, receive, send):
+            path = scope.get("path", "")
+            if scope["type"] != "http" or not path.startswith("/v1/"): return await self.app(scope, receive, send)
+            t0, status = time.monotonic(), [500]
+            async def sent(msg):
+                if msg["type"] == "http.response.start": status[0] = msg["status"]
+                await send(msg)
+            try:
+                if api_key and dict(scope["headers"]).get(b"authorization", b"").decode("latin-1") != f"Bearer {api_key}":
+                    await error(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error",
+                                code="invalid_api_key")(scope, receive, sent)
+                else: await self.app(scope, receive, sent)
+            finally: gw.met.requests.labels(path, str(status[0])).inc(); gw.met.latency.labels(path).observe(time.monotonic() - t0)
+    app.add_middleware(Guard)
 
     @app.get("/health")
     def health(): return {"status": "ok", "model": engine.name, "pid": os.getpid(), "max_rss_mb": peak_rss_mb(), **engine.health()}
@@ -683,7 +796,7 @@ def vllm_supported(model_dir) -> str|None:
     return None
 
 def engine_command(kind:str, model_dir, name:str, port:int, threads:int=1, tensor_parallel:int=1,
-                   max_seqs:int=32, adapters:dict|None=None) -> tuple[list[str], dict]:
+                   max_seqs:int=32, adapters:dict|None=None, draft=None, spec_tokens:int=4) -> tuple[list[str], dict]:
     "The command and environment that start one engine replica serving the OpenAI API on `port`."
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     ctx = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
@@ -696,6 +809,9 @@ def engine_command(kind:str, model_dir, name:str, port:int, threads:int=1, tenso
             if len(os.sched_getaffinity(0)) <= 4:  # vLLM pins its worker to a core and leaves the rest to its own server, the
                 env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # gateway and clients: on a few cores they starve
         else: cmd += ["--tensor-parallel-size", str(tensor_parallel)]
+        if draft is not None:  # a draft model folder, or "ngram" (proposals looked up in the prompt and the text so far)
+            spec = dict(method="ngram", prompt_lookup_min=2, prompt_lookup_max=4) if str(draft) == "ngram" else dict(model=str(Path(draft).resolve()))
+            cmd += ["--speculative-config", json.dumps(dict(spec, num_speculative_tokens=spec_tokens))]
         if adapters:  # served over one copy of the base, batched together; vLLM sizes its LoRA buffers by the largest rank
             rank = max(adapter_rank(a) for a in adapters.values())
             cmd += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank",
@@ -704,7 +820,8 @@ def engine_command(kind:str, model_dir, name:str, port:int, threads:int=1, tenso
         return cmd, env
     if kind == "transformers":
         return [sys.executable, "-m", "codellm_nb.serve", "--replica", "--model", str(model_dir), "--name", name,
-                "--port", str(port), "--max-seqs", str(max_seqs), *(x for n, a in (adapters or {}).items() for x in ("--lora", f"{n}={a}"))], env
+                "--port", str(port), "--max-seqs", str(max_seqs), *(x for n, a in (adapters or {}).items() for x in ("--lora", f"{n}={a}")),
+                *(["--draft", str(draft), "--spec-tokens", str(spec_tokens)] if draft is not None else [])], env
     raise ValueError(f"Unknown engine {kind!r}: use vllm or transformers")
 
 def _die_with_parent():
@@ -781,7 +898,8 @@ class Replica:
 class ReplicaPool:
     "Engine replicas behind the engine contract: least-busy routing, retry on another replica, health checks, restarts."
     def __init__(self, model_dir, engine:str="transformers", replicas:int=1, name:str|None=None, threads:int=1,
-                 tensor_parallel:int=1, max_seqs:int=32, check_every:float=0.5, log_dir=None, adapters:dict|None=None):
+                 tensor_parallel:int=1, max_seqs:int=32, check_every:float=0.5, log_dir=None, adapters:dict|None=None, draft=None,
+                 spec_tokens:int=4):
         self.model_dir, self.kind = Path(model_dir), engine
         self.tok, self.name = load_tokenizer(model_dir), name or Path(model_dir).name
         self.models = [self.name, *(adapters or {})]
@@ -789,7 +907,7 @@ class ReplicaPool:
         log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="codellm-replicas-"))
         get_logger().info(f"replica logs: {log_dir}")
         self.replicas = [Replica(engine, model_dir, self.name, i, log_dir, threads=threads, tensor_parallel=tensor_parallel,
-                                 max_seqs=max_seqs, adapters=adapters) for i in range(replicas)]
+                                 max_seqs=max_seqs, adapters=adapters, draft=draft, spec_tokens=spec_tokens) for i in range(replicas)]
         self.check_every, self.failovers, self.recoveries, self.http, self._task = check_every, 0, [], None, None
 
     async def start(self):
@@ -812,7 +930,7 @@ class ReplicaPool:
     def ready(self) -> bool: return any(r.healthy for r in self.replicas)
     def chat_prompt(self, messages:list[dict]) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    def count(self, text:str) -> int: return len(self.tok(text, add_special_tokens=False).input_ids)
+    def count(self, text:str) -> int: return count_tokens(self.tok, text)
 
 # %% ../nbs/05_serve.ipynb #86bc169a
 @patch
@@ -951,19 +1069,20 @@ def build_engine(model_dir, engine:str="auto", replicas:int=0, name:str|None=Non
     "The engine to put behind the gateway: transformers in this process (replicas=0), or a pool of replica processes."
     kind = resolve_engine(engine, model_dir)
     if kind == "transformers" and replicas == 0:
-        return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k in ("max_seqs", "adapters")})  # one process
+        return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k in ("max_seqs", "adapters", "draft", "spec_tokens")})
     return ReplicaPool(model_dir, kind, max(1, replicas), name=name, threads=threads, **kw)
 
 def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str|None=None, name:str|None=None,
                   engine:str="auto", replicas:int=0, threads:int=1, limits:Limits|None=None, replica:bool=False,
-                  tensor_parallel:int=1, max_seqs:int=32, drain_s:float=120, adapters:dict|None=None):
+                  tensor_parallel:int=1, max_seqs:int=32, drain_s:float=120, adapters:dict|None=None, draft=None, spec_tokens:int=4):
     "Serve a model folder (or a run's fine-tuned model) until SIGTERM or Ctrl-C, then drain for up to `drain_s` seconds."
     import uvicorn
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or None)
     path = resolve_model(model_or_run)
-    eng = TransformersEngine(path, name=name, max_seqs=max_seqs, adapters=adapters) if replica else \
+    spec = dict(draft=draft, spec_tokens=spec_tokens) if draft else {}
+    eng = TransformersEngine(path, name=name, max_seqs=max_seqs, adapters=adapters, **spec) if replica else \
           build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel, max_seqs=max_seqs,
-                       adapters=adapters)
+                       adapters=adapters, **spec)
     app = make_app(eng, api_key=api_key, limits=Limits(python_retries=0) if replica else limits)
     get_logger().info(f"serving {path} with {eng.kind} on http://{host}:{port}/v1")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_s))
@@ -978,7 +1097,7 @@ def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str
 
 @contextlib.contextmanager
 def start_server(model_or_run, api_key:str|None=None, name:str|None=None, port:int|None=None, threads:int=1,
-                 timeout:float=300, engine:str="transformers", replicas:int=0, adapters:dict|None=None):
+                 timeout:float=300, engine:str="transformers", replicas:int=0, adapters:dict|None=None, draft=None, spec_tokens:int=4):
     "Run the gateway (and its engines) in a child process for the duration of the `with` block; yields the base URL."
     import urllib.request
     path, port = resolve_model(model_or_run), port or free_port()
@@ -986,6 +1105,7 @@ def start_server(model_or_run, api_key:str|None=None, name:str|None=None, port:i
            "--replicas", str(replicas), "--threads", str(threads)]
     cmd += (["--api-key", api_key] if api_key else []) + (["--name", name] if name else [])
     cmd += [x for n, a in (adapters or {}).items() for x in ("--lora", f"{n}={a}")]
+    cmd += ["--draft", str(draft), "--spec-tokens", str(spec_tokens)] if draft is not None else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     log = open(Path(path) / f".server-{port}.log", "w+")
     p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -1020,8 +1140,11 @@ def main(argv=None):
     ap.add_argument("--replica", action="store_true", help="serve as one engine replica behind a gateway")
     ap.add_argument("--drain-s", type=float, default=120, help="on SIGTERM, seconds to let requests in flight finish")
     ap.add_argument("--lora", action="append", default=[], metavar="NAME=DIR", help="serve a LoRA adapter folder by name (repeatable)")
+    ap.add_argument("--draft", default=None, help="speculative decoding: a draft model folder of the same tokenizer (vLLM also: ngram)")
+    ap.add_argument("--spec-tokens", type=int, default=4, help="tokens the draft proposes per step")
     a = ap.parse_args(argv)
     serve_forever(a.model, a.host, a.port, a.api_key, a.name, a.engine, a.replicas, a.threads, replica=a.replica,
-                  tensor_parallel=a.tensor_parallel, max_seqs=a.max_seqs, drain_s=a.drain_s, adapters=parse_adapters(a.lora))
+                  tensor_parallel=a.tensor_parallel, max_seqs=a.max_seqs, drain_s=a.drain_s, adapters=parse_adapters(a.lora),
+                  draft=a.draft, spec_tokens=a.spec_tokens)
 
 if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook

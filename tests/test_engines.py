@@ -204,3 +204,34 @@ def test_a_lora_adapter_is_served_by_name_next_to_its_base(model, adapter, tmp_p
     cfg = json.loads((other / "adapter_config.json").read_text()); cfg["r"] = 4; (other / "adapter_config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="does not fit this base model"):
         merge_adapter(AutoModelForCausalLM.from_pretrained(model), other)
+
+def test_speculative_decoding_gives_the_targets_greedy_tokens(model, tmp_path):
+    "A model draft and the n-gram draft, with budgets that end mid-round: exactly `generate`'s tokens; the engine uses it alone."
+    from codellm_nb.serve import load_tokenizer, shallow_draft, speculative_rounds
+    tok, target = load_tokenizer(model), AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    draft = shallow_draft(target, 1)
+    for p, n in zip(PROMPTS, (7, 30, 13, 41, 20, 33)):
+        ids = tok(p, add_special_tokens=False).input_ids
+        x = torch.tensor([ids])
+        ref = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+        for d in (draft, "ngram"):
+            stats = {}
+            with torch.no_grad(): out = [t for new in speculative_rounds(target, d, ids, n, k=3, eos=tok.eos_token_id, stats=stats) for t in new]
+            assert out == ref, (p, d if d == "ngram" else "model")
+            assert stats["rounds"] < len(out) or stats["accepted"] == 0  # rounds that accepted drafts saved target passes
+            assert len(out) == 1 + stats["rounds"] + stats["accepted"]  # each round: its accepted drafts and one token of the target's
+    draft.save_pretrained(tmp_path / "draft"); tok.save_pretrained(tmp_path / "draft")
+    plain, eng = TransformersEngine(model), TransformersEngine(model, draft=tmp_path / "draft", spec_tokens=3)
+    try:
+        reqs = [dict(prompt=p, max_tokens=24, temperature=0) for p in PROMPTS]
+        alone = [eng.generate_many([r])[0] for r in reqs]  # one at a time: speculative
+        assert [a["text"] for a in alone] == [o["text"] for o in plain.generate_many(reqs)]
+        assert eng.health()["speculative"]["proposed"] > 0
+        proposed = eng.health()["speculative"]["proposed"]
+        together = eng.generate_many(reqs)  # six at once: continuous batching, the same text
+        assert [t["text"] for t in together] == [a["text"] for a in alone]
+        assert eng.health()["speculative"]["proposed"] <= proposed + 3 * 24  # the first alone at most: the rest were batched
+    finally: plain.close(); eng.close()
+    other = train_tokenizer(["x = 1\n"] * 50, 300, tmp_path / "other")  # a draft of another vocabulary is refused by name
+    other.save_pretrained(tmp_path / "draft")
+    with pytest.raises(ValueError, match="another tokenizer"): TransformersEngine(model, draft=tmp_path / "draft")
