@@ -52,7 +52,7 @@ def test_stop_sequences_and_seeded_sampling(model):
 
 def test_two_hundred_clients_over_a_small_queue_get_answers_or_429_never_a_5xx(model):
     "A real server (transformers, continuous batching) behind a queue far smaller than the crowd."
-    import threading, uvicorn
+    import uvicorn
     from codellm_nb.serve import Limits, free_port, make_app
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(make_app(TransformersEngine(model, name="tiny"), limits=Limits(max_inflight=8, max_queue=16)),
