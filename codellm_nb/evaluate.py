@@ -151,7 +151,12 @@ def generate_samples(client, model:str, problems:dict, n:int=1, temperature:floa
         except openai.OpenAIError as e: return dict(task_id=tid, completion="", error=f"{type(e).__name__}: {str(e)[:200]}")
     jobs = [(t, i) for t in problems for i in range(n)]
     with ThreadPoolExecutor(workers) as ex:
-        return list(tqdm(ex.map(one, jobs), total=len(jobs), desc="generate", leave=False))
+        out = list(tqdm(ex.map(one, jobs), total=len(jobs), desc="generate", leave=False))
+    failed = [s for s in out if "error" in s]
+    if len(failed) > len(out) / 2:  # not the model's quality: a server that refuses these requests (model name, limits, key)
+        raise RuntimeError(f"{len(failed)} of {len(out)} generation requests failed, e.g. {failed[0]['error']}: fix the server or the "
+                           "request settings (a few failures are scored as empty completions; most failing means nothing was measured)")
+    return out
 
 def generate_local(model_dir, problems:dict, n:int=1, temperature:float=0.0, top_p:float=0.95, max_tokens:int=128) -> list[dict]:
     "The same samples as `generate_samples`, generated in this process without a server (batched by the serving engine)."

@@ -120,3 +120,12 @@ def test_not_ready_is_503_with_retry_after(tok):
     assert c.get("/ready").status_code == 503 and c.get("/health").status_code == 200  # alive, not ready
     r = c.post("/v1/completions", json=dict(prompt="x", max_tokens=2))
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
+
+def test_evaluation_stops_when_most_requests_are_refused(tok):
+    "A server that refuses the evaluation's requests (here: another model name) is an error, not a score of zero."
+    from codellm_nb.evaluate import generate_samples
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client(Scripted(tok, greedy="    return 1\n")), max_retries=0)
+    problems = {f"T/{i}": dict(prompt=f"def f{i}():\n") for i in range(4)}
+    assert [s["completion"] for s in generate_samples(oai, "scripted", problems, workers=1)] == ["    return 1\n"] * 4
+    with pytest.raises(RuntimeError, match="4 of 4 generation requests failed.*does not exist"):
+        generate_samples(oai, "another", problems, workers=1)
