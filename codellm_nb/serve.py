@@ -8,8 +8,8 @@ __all__ = ['NOT_IMPLEMENTED', 'DEFAULT_CHAT_TEMPLATE', 'FIM_STYLES', 'MESSAGES_S
            'count_tokens', 'load_tokenizer', 'TransformersEngine', 'merge_adapter', 'adapter_rank', 'parse_adapters',
            'fim_tokens', 'fim_prompt', 'python_prefix', 'completes_python', 'fit_prompt', 'ngram_proposal',
            'speculative_rounds', 'load_draft', 'shallow_draft', 'distill_draft', 'Limits', 'memory_used_ratio',
-           'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out', 'make_app', 'free_port',
-           'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model',
+           'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out', 'Guard', 'make_app',
+           'free_port', 'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model',
            'resolve_engine', 'build_engine', 'serve_forever', 'start_server', 'main']
 
 # %% ../nbs/05_serve.ipynb #3f978c00
@@ -425,8 +425,9 @@ def distill_draft(target, draft, tokens, out_dir, n_prompts:int=256, prompt_len:
     rows = [dict(input_ids=s, labels=[-100] * prompt_len + s[prompt_len:]) for s in seqs]
     args = TrainingArguments(str(out_dir), max_steps=steps, per_device_train_batch_size=batch, learning_rate=lr, warmup_steps=steps // 10,
                              lr_scheduler_type="cosine", use_cpu=target.device.type == "cpu", bf16=False, report_to=[],
-                             save_strategy="no", logging_steps=max(1, steps // 4), seed=seed, disable_tqdm=True)
-    Trainer(model=draft, args=args, train_dataset=rows, data_collator=default_data_collator).train()
+                             save_strategy="no", logging_strategy="no", seed=seed, disable_tqdm=True)
+    out = Trainer(model=draft, args=args, train_dataset=rows, data_collator=default_data_collator).train()
+    get_logger().info(f"draft distilled on {len(rows)} continuations: {steps} steps, loss {out.training_loss:.3f}")
     return draft.eval()
 
 # %% ../nbs/05_serve.ipynb #4d9065c5
@@ -683,6 +684,22 @@ async def respond(self:Gateway, req, prompts:list[str], chat:bool):
     return StreamingResponse(self.events(jobs[0], kw, head, chat, deadline, slot, usage), media_type="text/event-stream")
 
 # %% ../nbs/05_serve.ipynb #e241e689
+class Guard:
+    "ASGI middleware: the API key on `/v1/`, and each request's status and whole latency (streams included) in the metrics."
+    def __init__(self, app, api_key:str|None, met, refusal): self.app, self.key, self.met, self.refusal = app, api_key, met, refusal
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"): return await self.app(scope, receive, send)
+        t0, status = time.monotonic(), [500]
+        async def sent(msg):
+            if msg["type"] == "http.response.start": status[0] = msg["status"]
+            await send(msg)
+        try:
+            if self.key and dict(scope["headers"]).get(b"authorization", b"").decode("latin-1") != f"Bearer {self.key}":
+                await self.refusal(scope, receive, sent)
+            else: await self.app(scope, receive, sent)
+        finally: self.met.requests.labels(path, str(status[0])).inc(); self.met.latency.labels(path).observe(time.monotonic() - t0)
+
 def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     "The gateway: a FastAPI app serving `engine` (in-process or a `ReplicaPool`) with the OpenAI API, limits and metrics."
     from fastapi import FastAPI
@@ -721,23 +738,9 @@ def make_app(engine, api_key:str|None=None, limits:Limits|None=None):
     @app.exception_handler(HTTPException)
     async def http_error(request, exc): return error(exc.status_code, str(exc.detail))
 
-    class Guard:
-        "The API key, and each request's status and whole latency (streams included), as plain ASGI: no extra task per request."
-        def __init__(self, app): self.app = app
-        async def __call__(self, scope, receive, send):
-            path = scope.get("path", "")
-            if scope["type"] != "http" or not path.startswith("/v1/"): return await self.app(scope, receive, send)
-            t0, status = time.monotonic(), [500]
-            async def sent(msg):
-                if msg["type"] == "http.response.start": status[0] = msg["status"]
-                await send(msg)
-            try:
-                if api_key and dict(scope["headers"]).get(b"authorization", b"").decode("latin-1") != f"Bearer {api_key}":
-                    await error(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error",
-                                code="invalid_api_key")(scope, receive, sent)
-                else: await self.app(scope, receive, sent)
-            finally: gw.met.requests.labels(path, str(status[0])).inc(); gw.met.latency.labels(path).observe(time.monotonic() - t0)
-    app.add_middleware(Guard)
+    app.add_middleware(Guard, api_key=api_key, met=gw.met,
+                       refusal=error(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'", "authentication_error",
+                                     code="invalid_api_key"))
 
     @app.get("/health")
     def health(): return {"status": "ok", "model": engine.name, "pid": os.getpid(), "max_rss_mb": peak_rss_mb(), **engine.health()}

@@ -235,3 +235,18 @@ def test_speculative_decoding_gives_the_targets_greedy_tokens(model, tmp_path):
     other = train_tokenizer(["x = 1\n"] * 50, 300, tmp_path / "other")  # a draft of another vocabulary is refused by name
     other.save_pretrained(tmp_path / "draft")
     with pytest.raises(ValueError, match="another tokenizer"): TransformersEngine(model, draft=tmp_path / "draft")
+
+def test_vllm_speculative_decoding_with_a_draft_gives_greedy_text(model, tmp_path):
+    "vLLM's speculative config with a draft of the same tokenizer: the target's greedy text, and drafts counted in its metrics."
+    import re
+    from codellm_nb.serve import load_tokenizer, shallow_draft
+    draft = shallow_draft(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), 1)
+    draft.save_pretrained(tmp_path / "draft"); load_tokenizer(model).save_pretrained(tmp_path / "draft")
+    with start_server(model, name="tiny", engine="vllm", replicas=1, draft=tmp_path / "draft", spec_tokens=3) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        for p in PROMPTS[:3]:
+            got = client.completions.create(model="tiny", prompt=p, max_tokens=16, temperature=0).choices[0].text
+            assert got.rstrip("\ufffd") == merged_greedy(model, None, p, 16).rstrip("\ufffd")
+        metrics = urllib.request.urlopen(health(url)["replicas"][0]["url"] + "/metrics").read().decode()
+        drafted = sum(float(v) for v in re.findall(r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})? (\S+)$", metrics, re.M))
+        assert drafted > 0, "vLLM proposed no draft tokens"
