@@ -123,7 +123,7 @@ def write_report(run_dir) -> Path:
         out += ["## Serving\n", _table(s["metrics"])]
     if (e := stage("eval")):
         comp = e.get("compared") or {"model": e["metrics"]}
-        keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "val_bits_per_byte", "bleu4",
+        keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "line_em", "line_edit_sim", "fim_em", "val_bits_per_byte", "bleu4",
                             "rougeL", "ttft_ms_p50", "token_ms_p50", "token_ms_p99", "server_peak_mb") if k in next(iter(comp.values()))]
         out += [f"## Evaluation (HumanEval, {e['metrics']['problems']} problems)\n",
                 md_columns(comp, keys, label="metric")]

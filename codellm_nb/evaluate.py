@@ -18,9 +18,9 @@ from .measure import md_columns, md_table
 # %% auto #0
 __all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'imported_modules',
            'harness_program', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k', 'score', 'connect',
-           'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores', 'latency_profile',
-           'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report', 'select_best', 'compare_models',
-           'compare_runs', 'score_file', 'run_eval']
+           'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores', 'heldout_documents',
+           'line_tasks', 'complete_lines', 'line_scores', 'latency_profile', 'evaluate_endpoint', 'evaluate_model',
+           'outcome', 'write_eval_report', 'select_best', 'compare_models', 'compare_runs', 'score_file', 'run_eval']
 
 # %% ../nbs/06_eval.ipynb #70288ac5
 def load_problems(limit:int=0) -> dict:
@@ -196,6 +196,47 @@ def text_scores(predictions:list[str], references:list[str]) -> dict:
     rouge = np.mean([sc.score(r, p)["rougeL"].fmeasure for p, r in zip(predictions, references)]) if references else 0.0
     return dict(bleu4=round(sacrebleu.corpus_bleu(predictions, [references]).score, 2), rougeL=round(100 * float(rouge), 2))
 
+# %% ../nbs/06_eval.ipynb #1c0e0002
+def heldout_documents(data_dir, val_frac:float, lang:str="python", limit:int=0) -> list[str]:
+    "Texts of the data run's held-out documents in `lang`: the split pretraining measured validation loss on."
+    from datasets import load_from_disk
+    from codellm_nb.tokenizer import is_val
+    ds = load_from_disk(str(Path(data_dir) / "documents"))
+    texts = [r["text"] for r in ds if r["lang"] == lang and is_val(r["id"], val_frac)]
+    return texts[:limit] if limit else texts
+
+def line_tasks(texts:list[str], n:int=64, seed:int=0, min_chars:int=8, prefix_chars:int=1200, suffix_chars:int=400) -> list[dict]:
+    "`{prefix, line, suffix}` from up to `n` texts: one line of at least `min_chars` characters, not a comment, the code around it cut to size."
+    import random
+    rng, tasks = random.Random(seed), []
+    for text in texts:
+        lines = text.split("\n")
+        ok = [i for i, l in enumerate(lines) if i > 0 and len(l.strip()) >= min_chars and not l.strip().startswith("#")]
+        if not ok: continue
+        i = rng.choice(ok)
+        tasks.append(dict(prefix=("\n".join(lines[:i]) + "\n")[-prefix_chars:], line=lines[i],
+                          suffix=("\n" + "\n".join(lines[i + 1:]))[:suffix_chars]))
+        if len(tasks) == n: break
+    return tasks
+
+def complete_lines(client, model:str, tasks:list[dict], fim:bool=False, max_tokens:int=48, workers:int=4) -> list[str|None]:
+    "The line the model writes after each task's prefix (with `fim`, between its prefix and suffix); None where refused."
+    import openai
+    def one(t):
+        try: r = client.completions.create(model=model, prompt="<|lang=python|>" + t["prefix"], max_tokens=max_tokens, temperature=0,
+                                           stop=["\n"], **(dict(suffix=t["suffix"]) if fim else {}))
+        except openai.BadRequestError: return None  # e.g. a model without fill-in-the-middle tokens
+        return r.choices[0].text.split("\n")[0]
+    with ThreadPoolExecutor(workers) as ex: return list(ex.map(one, tasks))
+
+def line_scores(preds:list[str|None], lines:list[str], prefix:str="line") -> dict:
+    "Exact match and edit similarity (0-100) of predicted lines, whitespace-stripped; nothing if every request was refused."
+    import difflib
+    pairs = [(p.strip(), l.strip()) for p, l in zip(preds, lines) if p is not None]
+    if not pairs: return {}
+    return {f"{prefix}_em": round(100 * float(np.mean([p == l for p, l in pairs])), 2),
+            f"{prefix}_edit_sim": round(100 * float(np.mean([difflib.SequenceMatcher(None, p, l).ratio() for p, l in pairs])), 2)}
+
 # %% ../nbs/06_eval.ipynb #e5ffda05
 def latency_profile(client, model:str, prompts:list[str], max_tokens:int=32) -> dict:
     "Time to first token and inter-token latency (ms) over streamed completions of `prompts`."
@@ -211,7 +252,8 @@ def latency_profile(client, model:str, prompts:list[str], max_tokens:int=32) -> 
                 _ttft_ms=[round(1000 * x, 2) for x in ttft], _token_ms=[round(1000 * x, 2) for x in gaps])
 
 # %% ../nbs/06_eval.ipynb #d5d40f52
-def evaluate_endpoint(client, model:str, cfg:Preset, problems:dict, doc_tasks:list[dict]|None=None) -> tuple[dict, list]:
+def evaluate_endpoint(client, model:str, cfg:Preset, problems:dict, doc_tasks:list[dict]|None=None,
+                      lines:list[dict]|None=None) -> tuple[dict, list]:
     "Metrics and checked samples of the model `model` behind `client`."
     import openai
     t = Timer()
@@ -230,6 +272,10 @@ def evaluate_endpoint(client, model:str, cfg:Preset, problems:dict, doc_tasks:li
                                                         stop=['"""']).choices[0].text.strip())
             except openai.OpenAIError: preds.append("")  # a failed request scores zero, it does not stop the run
         m.update(text_scores(preds, [d["reference"] for d in doc_tasks]))
+    if lines:  # held-out line completion and single-line infilling
+        with t("lines"):
+            m.update(line_scores(complete_lines(client, model, lines), [x["line"] for x in lines], "line"))
+            m.update(line_scores(complete_lines(client, model, lines, fim=True), [x["line"] for x in lines], "fim"))
     prompts = [sft_prompt(dict(instruction=SFT_INSTRUCTION, input=p["prompt"])) for p in list(problems.values())[:8]]
     m.update(latency_profile(client, model, prompts))
     m.update(generate_s=t.times["generate"], execute_s=t.times["execute"])
@@ -243,8 +289,9 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     from codellm_nb.serve import start_server
     from codellm_nb.tokenizer import load_tokens
     docs = docstring_tasks(Path(run_dir) / "data" / "sft.jsonl") if run_dir else None
+    lines = line_tasks(heldout_documents(Path(run_dir) / "data", cfg.val_frac), cfg.eval_lines) if run_dir and cfg.eval_lines else None
     with start_server(model_dir, name=name, engine=cfg.serve_engine, replicas=cfg.serve_replicas) as url:
-        m, checked = evaluate_endpoint(connect(url), name, cfg, problems, docs)
+        m, checked = evaluate_endpoint(connect(url), name, cfg, problems, docs, lines)
         with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as r: h = json.load(r)
         m["server_peak_mb"] = round(h["max_rss_mb"] + sum(r["rss_mb"] for r in h["replicas"]), 1)  # gateway peak + its engines
     if run_dir:
