@@ -14,7 +14,9 @@ echo "downloading promtool (Debian's prometheus package, ~19 MB, once)"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 # apt-get download writes into the current directory; it needs no root, only a package list (apt-get update).
 # The Sandbox option: as root apt would download as its _apt user, which cannot write to this private folder.
-(cd "$TMP" && apt-get download -q -o APT::Sandbox::User=root prometheus >/dev/null && dpkg -x prometheus_*.deb x) || {
+fetch() { (cd "$TMP" && apt-get download -q -o APT::Sandbox::User=root prometheus >/dev/null 2>&1 && dpkg -x prometheus_*.deb x); }
+# No package list yet (a fresh image): as root, fetch one and try again.
+fetch || { [ "$(id -u)" = 0 ] && apt-get update -q >/dev/null && fetch; } || {
   echo "scripts/promtool.sh: 'apt-get download prometheus' failed: run 'apt-get update' (as root) and retry" >&2; exit 1; }
 mkdir -p "$DEST"
 install -m 755 "$TMP/x/usr/bin/promtool" "$DEST/promtool"
