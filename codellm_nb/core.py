@@ -88,7 +88,7 @@ class Preset:
     serve_tensor_parallel: int = 1 # GPUs each vLLM replica spans
     # evaluation
     eval_problems: int = 164    # HumanEval problems (164 = all)
-    eval_lines: int = 64        # held-out lines for line completion and infilling (0 = none)
+    eval_lines: int = 32        # held-out lines for line completion and infilling (0 = none)
     n_samples: int = 1          # samples per problem
     temperature: float = 0.0
     max_new_tokens: int = 96
