@@ -27,7 +27,7 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
                                master_addr=kw.get("master_addr") or "127.0.0.1", master_port=kw.get("master_port") or 29517)
     if stage == "finetune":
         from codellm_nb.finetune import finetune
-        return finetune(run_dir, cfg)
+        return finetune(run_dir, cfg, base=kw.get("base"))
     if stage == "quantize":
         from codellm_nb.quantize import quantize
         return quantize(run_dir, cfg)
@@ -115,7 +115,8 @@ def write_report(run_dir) -> Path:
             "train loss": m["train_loss"], "val loss": m["val_loss"], "val perplexity": m["val_ppl"],
             "val bits per byte": m["val_bits_per_byte"], "tokens/s (median)": m["tokens_per_s"], "wall time (s)": m["wall_s"]})]
     if (f := stage("finetune")):
-        m = f["metrics"]; out += ["## Fine-tuning (LoRA SFT)\n", _table({k: m[k] for k in m})]
+        m = f["metrics"]; out += [f"## Fine-tuning ({m.get('method', 'lora')} SFT)\n", _table({k: m[k] for k in m})]
+        if f.get("selection"): out += ["\nCheckpoints scored on held-out data (step 0: the base model):\n", md_table(f["selection"])]
     if (q := stage("quantize")):
         out += ["## Quantization\n", md_table([{"model": r["model"], "size (MB)": r["size_mb"], "val perplexity": r["val_ppl"],
                                                 "decode tokens/s": r["decode_tokens_per_s"]} for r in q["table"]])]
@@ -123,7 +124,7 @@ def write_report(run_dir) -> Path:
         out += ["## Serving\n", _table(s["metrics"])]
     if (e := stage("eval")):
         comp = e.get("compared") or {"model": e["metrics"]}
-        keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "line_em", "line_edit_sim", "fim_em", "val_bits_per_byte", "bleu4",
+        keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "line_em", "line_edit_sim", "fim_em", "fim_edit_sim", "val_bits_per_byte", "bleu4",
                             "rougeL", "ttft_ms_p50", "token_ms_p50", "token_ms_p99", "server_peak_mb") if k in next(iter(comp.values()))]
         out += [f"## Evaluation (HumanEval, {e['metrics']['problems']} problems)\n",
                 md_columns(comp, keys, label="metric")]
@@ -149,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--node-rank", type=int, default=0, help="this node's index (with --set nodes=N)")
             p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (multi-node)")
             p.add_argument("--master-port", type=int, default=29517, help="rendezvous port on node 0 (multi-node)")
+        if name == "finetune": p.add_argument("--base", default=None, help="a local Hugging Face model folder to fine-tune (default: the run's pretrained model)")
         if name in ("serve", "eval"): p.add_argument("--model", default=None, help="model folder (default: the run's fine-tuned model)")
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)
@@ -176,7 +178,7 @@ def main(argv=None):
             from codellm_nb.evaluate import score_file
             print(json.dumps(score_file(args.samples, workers=args.workers), indent=2))
         else:
-            kw = {k: getattr(args, k) for k in ("resume", "model", "host", "port", "api_key", "base_url", "node_rank",
+            kw = {k: getattr(args, k) for k in ("resume", "model", "base", "host", "port", "api_key", "base_url", "node_rank",
                                                 "master_addr", "master_port") if hasattr(args, k)}
             res = run_stage(args.command, run_dir, args.preset, overrides, **kw)
             if res is not None: print(json.dumps(res, indent=2, default=str))

@@ -75,13 +75,22 @@ class Preset:
     nan_policy: str = "stop"    # on a non-finite loss: stop, or rewind to the last checkpoint and skip the batch
     max_rewinds: int = 3        # ... at most this many times per run
     mlflow: bool = True         # also log to MLflow when it is installed ($MLFLOW_TRACKING_URI, else <run>/pretrain/mlruns)
-    # fine-tuning (LoRA SFT)
+    # fine-tuning (TRL's SFTTrainer)
+    ft_method: str = "lora"     # full | lora | qlora (LoRA over a 4-bit NF4 base, bitsandbytes)
     ft_steps: int = 100
     ft_batch: int = 8
     ft_lr: float = 2e-3
     ft_max_len: int = 256
+    ft_fim_rate: float = 0.5    # share of code answers also trained as fill-in-the-middle examples
+    ft_spm_rate: float = 0.5    # share of fill-in-the-middle examples in SPM order (the rest PSM)
+    ft_packing: bool = False    # pack examples into ft_max_len rows (answer-only loss kept, no attention across examples)
+    ft_order: str = "random"    # random | length | depth: a curriculum sorts the steps' examples easy to hard
+    ft_ckpt_every: int = 50     # checkpoint and score every N steps (0 = four times in the run)
+    ft_select: str = "line_edit_sim" # checkpoint score that picks the exported model: line_edit_sim | line_em | fim_edit_sim | fim_em | val_answer_loss
     lora_r: int = 16
     lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj" # modules that get adapters, comma-separated
     # serving (the gateway in front of engine replicas)
     serve_engine: str = "auto"  # auto (vLLM where installed and able to run the model, else transformers) | vllm | transformers
     serve_replicas: int = 1     # engine processes behind the gateway (0: transformers inside the gateway's process)
@@ -121,6 +130,13 @@ class Preset:
         if self.device not in ("any", "gpu"): raise ValueError(f"device must be any or gpu, got {self.device!r}")
         if self.nan_policy not in ("stop", "rewind"): raise ValueError(f"nan_policy must be stop or rewind, got {self.nan_policy!r}")
         if self.keep_ckpts < 1: raise ValueError("keep_ckpts must be at least 1 (the checkpoint a resume needs)")
+        if self.ft_method not in ("full", "lora", "qlora"): raise ValueError(f"ft_method must be full, lora or qlora, got {self.ft_method!r}")
+        if self.ft_order not in ("random", "length", "depth"): raise ValueError(f"ft_order must be random, length or depth, got {self.ft_order!r}")
+        if self.ft_select not in ("line_edit_sim", "line_em", "fim_edit_sim", "fim_em", "val_answer_loss"):
+            raise ValueError(f"ft_select must be line_edit_sim, line_em, fim_edit_sim, fim_em or val_answer_loss, got {self.ft_select!r}")
+        for k in ("ft_fim_rate", "ft_spm_rate", "lora_dropout"):
+            if not 0 <= getattr(self, k) <= 1: raise ValueError(f"{k} must be in [0, 1], got {getattr(self, k)}")
+        if self.ft_steps < 1 or self.ft_batch < 1: raise ValueError("ft_steps and ft_batch must be at least 1")
         self.grad_accum  # validates the batch arithmetic
 
     @property

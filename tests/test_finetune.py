@@ -1,0 +1,125 @@
+"Fine-tuning with TRL on a small random Llama: LoRA, QLoRA and full SFT, packing, the served prompt, and bad bases."
+import json
+from types import SimpleNamespace
+import pytest, torch
+from codellm_nb.core import get_preset, read_manifest
+from codellm_nb.finetune import chat_prompt, encode, finetune, load_base, load_sft
+from codellm_nb.pretrain import model_config
+
+FT = dict(ft_steps=4, ft_batch=4, ft_ckpt_every=2, eval_lines=4, ft_max_len=128, mlflow=False)
+
+@pytest.fixture(scope="module")
+def base(data_run, tmp_path_factory):
+    "A small random Llama with the data run's tokenizer, saved as a Hugging Face folder."
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(data_run / "data" / "tokenizer")
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(model_config(get_preset("tiny", hidden=64, ffn=128, n_layers=2), tok))
+    d = tmp_path_factory.mktemp("base"); m.save_pretrained(d); tok.save_pretrained(d)
+    return d
+
+def run_dir(data_run, tmp_path):
+    "A run folder that shares the data run's data stage and has its own fine-tuning stage."
+    d = tmp_path / "run"; d.mkdir(); (d / "data").symlink_to(data_run / "data")
+    return d
+
+def logits(model, ids): 
+    with torch.no_grad(): return model(ids).logits.float()
+
+def test_lora_checkpoints_are_scored_and_the_merged_model_equals_the_adapter(data_run, tmp_path, base):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    d = run_dir(data_run, tmp_path)
+    res = finetune(d, get_preset("tiny", **FT), base=base)
+    sel = read_manifest(d, "finetune")["selection"]
+    assert [r["step"] for r in sel] == [0, 2, 4] and sum(r["chosen"] for r in sel) == 1
+    best = max(sel[1:], key=lambda r: (r["line_edit_sim"], -r["step"]))
+    assert best["chosen"] and res["chosen_step"] == best["step"] and res["selected_by"] == "line_edit_sim"
+    assert res["bad_lines"] == 0 and res["train_examples"] > 0 and 0 < res["trainable_pct"] < 100
+    ids = torch.randint(0, 500, (1, 24))
+    merged = AutoModelForCausalLM.from_pretrained(d / "finetune" / "merged", dtype=torch.float32).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), d / "finetune" / "adapter").eval()
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    torch.testing.assert_close(logits(merged, ids), logits(adapted, ids), atol=1e-5, rtol=1e-5)
+    assert (logits(merged, ids) - logits(plain, ids)).abs().max() > 1e-4  # training moved the model
+    assert list((d / "finetune" / "tensorboard").rglob("events.out.tfevents*"))
+    assert len((d / "finetune" / "metrics.jsonl").read_text().splitlines()) >= FT["ft_steps"]
+
+def test_qlora_trains_on_cpu_and_its_adapter_reloads_on_a_4bit_base(data_run, tmp_path, base):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    d = run_dir(data_run, tmp_path)
+    res = finetune(d, get_preset("tiny", **FT, ft_method="qlora"), base=base)
+    assert res["method"] == "qlora"
+    q_base = load_base(base, "qlora")
+    assert q_base.is_loaded_in_4bit
+    ids = torch.randint(0, 500, (1, 24))
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    nf4_error = (logits(q_base.eval(), ids) - logits(plain, ids)).abs().max()  # what 4-bit weights alone change
+    adapted = PeftModel.from_pretrained(q_base, d / "finetune" / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(d / "finetune" / "merged", dtype=torch.float32).eval()
+    lora_b = [p for n, p in adapted.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.abs().sum() > 0 for p in lora_b)  # LoRA's B starts at zero: training changed it
+    assert (logits(adapted, ids) - logits(merged, ids)).abs().max() <= 2 * nf4_error + 1e-4
+
+def test_packed_full_sft_updates_every_layer_and_saves_no_adapter(data_run, tmp_path, base):
+    from transformers import AutoModelForCausalLM
+    d = run_dir(data_run, tmp_path)
+    res = finetune(d, get_preset("tiny", **FT, ft_method="full", ft_packing=True), base=base)
+    assert res["train_loss"] > 0
+    assert not (d / "finetune" / "adapter").exists()
+    before = AutoModelForCausalLM.from_pretrained(base).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(d / "finetune" / "merged").state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in after if k.endswith("mlp.down_proj.weight"))
+
+def test_training_prompt_is_the_served_prompt(data_run, base):
+    from transformers import AutoTokenizer
+    from codellm_nb.serve import TransformersEngine
+    tok = AutoTokenizer.from_pretrained(base)
+    served = lambda msgs: TransformersEngine.chat_prompt(SimpleNamespace(tok=tok), msgs)  # what the gateway renders
+    exs, _ = load_sft(data_run / "data" / "sft.jsonl")
+    chats = [e for e in exs if e["kind"] == "chat"][:20]
+    for ex in chats:
+        e = encode(ex, tok, 4096)
+        k = e["completion_mask"].index(1)
+        assert e["input_ids"][:k] == tok(served(ex["messages"][:-1]), add_special_tokens=False).input_ids
+        assert tok.decode(e["input_ids"][k:]) == ex["messages"][-1]["content"] + "<|end|><|eos|>"
+        assert chat_prompt(tok, ex["messages"][:-1]) == served(ex["messages"][:-1])
+
+def test_packed_rows_give_the_loss_of_separate_examples(data_run, base):
+    """Packed examples must not attend to each other: the packed loss equals the padded batch's. (Training runs without a KV
+    cache, as TRL's trainer does; with one, transformers cannot split the row by its position ids.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    exs, _ = load_sft(data_run / "data" / "sft.jsonl")
+    enc = [x for e in exs[:40] if (x := encode(e, tok, 96))][:6]
+    enc = [dict(input_ids=e["input_ids"], labels=[t if m else -100 for t, m in zip(e["input_ids"], e["completion_mask"])]) for e in enc]
+    packed = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id, padding_free=True)(enc)
+    padded = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(enc)
+    with torch.no_grad():
+        lp = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], labels=packed["labels"], use_cache=False).loss
+        lq = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], labels=padded["labels"]).loss
+        leak = model(input_ids=packed["input_ids"], labels=packed["labels"], use_cache=False).loss  # one long sequence: attention crosses
+    torch.testing.assert_close(lp, lq, atol=1e-5, rtol=1e-5)
+    assert abs(leak - lq) > 1e-3  # the check can fail: without position ids the loss differs
+
+def test_bad_bases_and_data_stop_with_the_fix(data_run, tmp_path, base):
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    cfg = get_preset("tiny", **FT)
+    d = run_dir(data_run, tmp_path)
+    with pytest.raises(FileNotFoundError, match="No base model folder"): finetune(d, cfg, base=tmp_path / "missing")
+    tok = AutoTokenizer.from_pretrained(base)
+    small = tmp_path / "small"; LlamaForCausalLM(model_config(get_preset("tiny", hidden=64, ffn=128, n_layers=2), vocab_size=len(tok) - 8)).save_pretrained(small)
+    tok.save_pretrained(small)
+    with pytest.raises(ValueError, match="resize_token_embeddings"): finetune(d, cfg, base=small)
+    plain = tmp_path / "no_template"; LlamaForCausalLM.from_pretrained(base).save_pretrained(plain)
+    tok.chat_template = None; tok.save_pretrained(plain); (plain / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no chat template"): finetune(d, cfg, base=plain)
+    e = tmp_path / "empty"; (e / "data").mkdir(parents=True); (e / "data" / "sft.jsonl").write_text('{"a": 1}\n{broken\n')
+    with pytest.raises(ValueError, match="no valid SFT records"): finetune(e, cfg, base=base)
+    lines = [json.dumps(dict(messages=[dict(role="user", content="q"), dict(role="assistant", content="a")]))] * 3 + ["{broken", '{"output": 1}']
+    (e / "data" / "sft.jsonl").write_text("\n".join(lines) + "\n")
+    exs, bad = load_sft(e / "data" / "sft.jsonl")
+    assert len(exs) == 3 and len(bad) == 2
