@@ -117,6 +117,7 @@ def write_report(run_dir) -> Path:
     if (f := stage("finetune")):
         m = f["metrics"]; out += [f"## Fine-tuning ({m.get('method', 'lora')} SFT)\n", _table({k: m[k] for k in m})]
         if f.get("selection"): out += ["\nCheckpoints scored on held-out data (step 0: the base model):\n", md_table(f["selection"])]
+        if f.get("stages"): out += ["\nPretrained, SFT and DPO models on the held-out split:\n", md_table(f["stages"])]
     if (q := stage("quantize")):
         out += ["## Quantization\n", md_table([{"model": r["model"], "size (MB)": r["size_mb"], "val perplexity": r["val_ppl"],
                                                 "decode tokens/s": r["decode_tokens_per_s"]} for r in q["table"]])]

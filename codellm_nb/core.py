@@ -36,6 +36,7 @@ class Preset:
     vocab_size: int = 4096      # BPE vocabulary, special tokens included
     val_frac: float = 0.05      # fraction of documents held out for validation
     pref_pairs: int = 200       # preference pairs for DPO, each verified by running its doctests (0 = none)
+    pref_per_function: int = 3  # ... at most this many per function, each rejecting a different failing mutant
     self_instruct_url: str = "" # an OpenAI-compatible endpoint to generate extra instructions from (optional)
     self_instruct_n: int = 0    # ... how many requests
     self_instruct_model: str = "" # ... which model ("" = the first one the server lists)
@@ -91,6 +92,10 @@ class Preset:
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_targets: str = "q_proj,k_proj,v_proj,o_proj" # modules that get adapters, comma-separated
+    dpo_steps: int = 20         # DPO steps after SFT on the data stage's verified pairs (0 = no DPO)
+    dpo_beta: float = 0.1       # DPO's β: how far the policy may move from the reference
+    dpo_loss: str = "sigmoid"   # TRL loss type(s), comma-separated: sigmoid (DPO), ipo, hinge, robust, ...
+    dpo_lr: float = 5e-5        # small: DPO pushes answers apart fast and, on few pairs, drags the rest of the model along
     # serving (the gateway in front of engine replicas)
     serve_engine: str = "auto"  # auto (vLLM where installed and able to run the model, else transformers) | vllm | transformers
     serve_replicas: int = 1     # engine processes behind the gateway (0: transformers inside the gateway's process)
@@ -137,6 +142,9 @@ class Preset:
         for k in ("ft_fim_rate", "ft_spm_rate", "lora_dropout"):
             if not 0 <= getattr(self, k) <= 1: raise ValueError(f"{k} must be in [0, 1], got {getattr(self, k)}")
         if self.ft_steps < 1 or self.ft_batch < 1: raise ValueError("ft_steps and ft_batch must be at least 1")
+        dpo_losses = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "apo_zero", "apo_down"}
+        if not {t.strip() for t in self.dpo_loss.split(",")} <= dpo_losses:
+            raise ValueError(f"dpo_loss must be one or more of {', '.join(sorted(dpo_losses))}, got {self.dpo_loss!r}")
         self.grad_accum  # validates the batch arithmetic
 
     @property

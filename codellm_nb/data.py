@@ -156,7 +156,8 @@ def build_prefs(cfg:Preset, out:Path) -> dict:
         c, s = doctest_candidates(text); cands += c; skipped.append(s)
     rng = np.random.default_rng(cfg.seed)  # a few more candidates than pairs wanted: not every function yields one
     cands = [cands[i] for i in sorted(rng.permutation(len(cands))[:2 * cfg.pref_pairs])] if cfg.pref_pairs else []
-    pairs, st = preference_pairs(cands, workers=workers(cfg), seed=cfg.seed) if cands else ([], {})
+    pairs, st = preference_pairs(cands, workers=workers(cfg), seed=cfg.seed, per_function=cfg.pref_per_function,
+                                 max_tries=max(4, 3 * cfg.pref_per_function)) if cands else ([], {})
     pairs = pairs[:cfg.pref_pairs]
     _write_jsonl(out / "prefs.jsonl", pairs)
     return {**st, "functions_with_doctests": merge_stats(*skipped) if skipped else {}, "pairs": len(pairs)}

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_finetune.ipynb #92eed1a2
 from __future__ import annotations
-import ast, json, os, random, shutil
+import ast, hashlib, json, os, random, shutil
 from pathlib import Path
 from types import SimpleNamespace
 import torch
@@ -15,8 +15,8 @@ from .sft import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, fim_parse, fim_split, recor
 # %% auto #0
 __all__ = ['ROLES', 'to_messages', 'load_sft', 'chat_prompt', 'end_of_turn', 'fim_text', 'encode', 'fim_examples', 'ast_depth',
            'difficulty', 'schedule', 'check_base', 'lora_config', 'load_base', 'check_vocab', 'LocalClient',
-           'answer_loss', 'score_model', 'sft_sets', 'sft_args', 'sft_trainer', 'load_checkpoint', 'export_best',
-           'finetune']
+           'answer_loss', 'score_model', 'sft_sets', 'sft_args', 'sft_trainer', 'pair_messages', 'load_pairs',
+           'dpo_rows', 'split_pairs', 'dpo_args', 'dpo', 'load_checkpoint', 'export_best', 'finetune']
 
 # %% ../nbs/03_finetune.ipynb #99326945
 ROLES = ("system", "user", "assistant")
@@ -244,6 +244,95 @@ def sft_trainer(model, tok, train:list, val:list, args):
     trainer.remove_callback(PrinterCallback)  # without a progress bar it prints every log line; they go to metrics.jsonl
     return trainer
 
+# %% ../nbs/03_finetune.ipynb #88510e23
+def pair_messages(r:dict) -> list[dict]|None:
+    "The conversation a preference pair answers: from `instruction`/`input` (as SFT renders them), chat messages, or a plain prompt."
+    if isinstance(r.get("input"), str) and r["input"] and isinstance(r.get("instruction", ""), str):
+        return to_messages(dict(instruction=r.get("instruction", ""), input=r["input"], output="-"))[:-1]
+    p = r.get("prompt")
+    if isinstance(p, list):
+        m = to_messages(dict(messages=p + [dict(role="assistant", content="-")]))
+        return m[:-1] if m else None
+    return [dict(role="user", content=p)] if isinstance(p, str) and p else None
+
+def load_pairs(path) -> tuple[list[dict], list[str]]:
+    "Preference pairs of a JSONL file and the skipped lines; a pair needs a prompt and two different non-empty answers."
+    ok = lambda r: (pair_messages(r) is not None and all(isinstance(r.get(k), str) and r[k] for k in ("chosen", "rejected"))
+                    and r["chosen"] != r["rejected"])
+    recs, bad = read_jsonl(path, ok, what="preference file", missing_hint="run `codellm data` with pref_pairs > 0 first",
+                           need="a prompt (text, chat messages, or instruction/input) and different non-empty chosen and rejected answers")
+    if not recs: raise ValueError(f"{path} holds no valid preference pairs ({len(bad)} bad lines, first: {bad[:1]}): "
+                                  "run `codellm data` with pref_pairs > 0, or write prompt/chosen/rejected records")
+    return recs, bad
+
+def dpo_rows(pairs:list[dict], tok) -> list[dict]:
+    "TRL's `prompt`/`chosen`/`rejected` text: the served chat prompt, each answer closed like an SFT answer (TRL adds the EOS)."
+    end = end_of_turn(tok)
+    return [dict(prompt=chat_prompt(tok, pair_messages(r)), chosen=r["chosen"] + end, rejected=r["rejected"] + end) for r in pairs]
+
+def split_pairs(pairs:list[dict], every:int=5) -> tuple[list, list]:
+    "Training and held-out pairs: the pairs of every `every`-th prompt (ordered by a hash) are held out, at least one prompt's when there are two."
+    key = lambda r: hashlib.sha1(json.dumps(pair_messages(r)).encode()).hexdigest()
+    keys = sorted({key(r) for r in pairs})
+    held = set(keys[::every]) if len(keys) > 1 else set()
+    return [r for r in pairs if key(r) not in held], [r for r in pairs if key(r) in held]
+
+# %% ../nbs/03_finetune.ipynb #4a03cbd8
+def dpo_args(cfg:Preset, out:Path, precision:str, device:str, report_to:list, batch:int, max_length:int):
+    "The `DPOConfig` of a preset: β, loss type(s), steps and learning rate; no checkpoints (the run is short)."
+    from trl import DPOConfig
+    return DPOConfig(output_dir=str(out), max_steps=cfg.dpo_steps, per_device_train_batch_size=batch, per_device_eval_batch_size=batch,
+                     learning_rate=cfg.dpo_lr, lr_scheduler_type="cosine", beta=cfg.dpo_beta,
+                     loss_type=[t.strip() for t in cfg.dpo_loss.split(",")], max_length=max_length, seed=cfg.seed,
+                     bf16=precision == "bf16", use_cpu=device == "cpu", logging_steps=1, save_strategy="no", eval_strategy="no",
+                     report_to=report_to, run_name=f"dpo-{cfg.name}", disable_tqdm=bool(os.environ.get("TQDM_DISABLE")))
+
+def dpo(run_dir, cfg:Preset, sft_dir=None) -> dict:
+    "DPO of the fine-tuned model on `<run_dir>/data/prefs.jsonl`: a LoRA adapter over it, the adapter-disabled model as the reference."
+    from unittest import mock
+    from datasets import Dataset
+    from peft import get_peft_model
+    from transformers import AutoTokenizer, PrinterCallback
+    from trl import DPOTrainer
+    sft_dir = check_base(sft_dir or Path(run_dir) / "finetune" / "merged")
+    out = stage_dir(run_dir, "finetune") / "dpo"
+    shutil.rmtree(out, ignore_errors=True)
+    pairs, bad = load_pairs(Path(run_dir) / "data" / "prefs.jsonl")
+    tok = AutoTokenizer.from_pretrained(sft_dir)
+    n_tok = lambda row: len(tok(row["prompt"], add_special_tokens=False).input_ids) + 1 + \
+                        max(len(tok(row[k], add_special_tokens=False).input_ids) for k in ("chosen", "rejected"))
+    lengths = [n_tok(row) for row in dpo_rows(pairs, tok)]
+    fits = [p for p, n in zip(pairs, lengths) if n <= cfg.context]  # a cut answer would compare prompts, not answers
+    if not fits: raise ValueError(f"No preference pair fits the model's context of {cfg.context} tokens (shortest: {min(lengths)})")
+    train, held = split_pairs(fits)
+    dev = detect_device(); device = "cuda" if dev["kind"] in ("cuda", "rocm") else "cpu"
+    precision = resolve_precision(cfg.precision, dev)
+    seed_everything(cfg.seed)
+    model = get_peft_model(load_base(sft_dir, "lora", precision, device), lora_config(cfg))
+    ds = lambda rs: Dataset.from_list(dpo_rows(rs, tok))
+    report_to, env = _report_to(out, cfg)
+    t = Timer()
+    with mock.patch.dict(os.environ, env):
+        trainer = DPOTrainer(model=model, ref_model=None, processing_class=tok, train_dataset=ds(train),
+                             eval_dataset={"train": ds(train), **({"heldout": ds(held)} if held else {})},
+                             args=dpo_args(cfg, out, precision, device, report_to, min(cfg.ft_batch, len(train)), max(lengths)))
+        trainer.remove_callback(PrinterCallback)
+        with t("train"): res = trainer.train()
+        ev = {s: trainer.evaluate(eval_dataset=s) for s in trainer.eval_dataset}
+        if "mlflow" in report_to:  # evaluating reopened the MLflow run: close it while the environment still names its store
+            import mlflow
+            mlflow.end_run()
+    hist = [h for h in trainer.state.log_history if "loss" in h]
+    with open(out / "metrics.jsonl", "w") as f:
+        for h in hist: f.write(json.dumps({k: v for k, v in h.items() if isinstance(v, (int, float))}) + "\n")
+    model.save_pretrained(out / "adapter")
+    model.merge_and_unload().save_pretrained(out / "merged"); tok.save_pretrained(out / "merged")
+    r = lambda split, k: round(ev[split][f"eval_rewards/{k}"], 4) if split in ev else None
+    return dict(pairs=len(pairs), bad_lines=len(bad), too_long=len(pairs) - len(fits), train_pairs=len(train), heldout_pairs=len(held), beta=cfg.dpo_beta,
+                loss_type=cfg.dpo_loss, steps=cfg.dpo_steps, first_loss=round(hist[0]["loss"], 5), train_loss=round(res.training_loss, 4),
+                reward_accuracy_train=r("train", "accuracies"), reward_margin_train=r("train", "margins"),
+                reward_accuracy_heldout=r("heldout", "accuracies"), reward_margin_heldout=r("heldout", "margins"), wall_s=t.times["train"])
+
 # %% ../nbs/03_finetune.ipynb #3afb1099
 def load_checkpoint(model, ckpt:Path):
     "Put the weights saved in trainer checkpoint `ckpt` (an adapter, or the whole model) into `model`."
@@ -312,6 +401,15 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
     best = max(table[1:], key=lambda r: (sign * r[metric], -r["step"]))
     for r in table: r["chosen"] = r is best
     with t("export"): export_best(base, out / "checkpoints" / f"checkpoint-{best['step']}", cfg.ft_method, out, tok)
+    stages, dpo_res = {"base": table[0], "sft": best}, None
+    if cfg.dpo_steps:
+        try: dpo_res = dpo(run_dir, cfg, out / "merged")
+        except (FileNotFoundError, ValueError) as e: log.warning(f"finetune: DPO skipped: {e}")
+        if dpo_res:
+            from transformers import AutoModelForCausalLM
+            with t("score_dpo"):
+                m = AutoModelForCausalLM.from_pretrained(out / "dpo" / "merged", dtype=torch.float32).eval()
+                stages["dpo"] = score_model(m, tok, val_enc, lines, cfg.context)
     hist = trainer.state.log_history
     with open(out / "metrics.jsonl", "w") as f:
         for h in hist:
@@ -321,8 +419,11 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
                    train_loss=round(res.training_loss, 4), chosen_step=best["step"], selected_by=metric,
                    **{f"{k}_before": v for k, v in table[0].items() if k not in ("step", "chosen")},
                    **{f"{k}_after": v for k, v in best.items() if k not in ("step", "chosen")},
-                   tokens_per_s=round(trainer.state.num_input_tokens_seen / t.times["train"], 1), wall_s=t.times["train"])
+                   tokens_per_s=round(trainer.state.num_input_tokens_seen / t.times["train"], 1), wall_s=t.times["train"],
+                   **({f"dpo_{k}": v for k, v in dpo_res.items()} if dpo_res else {}))
+    stages = [dict(model=k, **{c: v for c, v in r.items() if c not in ("step", "chosen")}) for k, r in stages.items()]
     write_manifest(run_dir, "finetune", cfg, inputs={"base": str(base), "sft": "data/sft.jsonl"}, metrics=metrics,
-                   selection=table, skipped_lines=counts["skipped"], timings=t.times)
-    log.info(f"finetune ({cfg.ft_method}): answer loss {table[0]['val_answer_loss']} -> {best['val_answer_loss']}, chosen step {best['step']} by {metric}")
+                   selection=table, stages=stages, skipped_lines=counts["skipped"], timings=t.times)
+    log.info(f"finetune ({cfg.ft_method}): answer loss {table[0]['val_answer_loss']} -> {best['val_answer_loss']}, chosen step {best['step']} by {metric}"
+             + (f"; DPO reward accuracy {dpo_res['reward_accuracy_train']} (training pairs)" if dpo_res else ""))
     return metrics

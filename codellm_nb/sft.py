@@ -588,35 +588,38 @@ def _doctest_outcome(r:dict) -> str:
     if m and int(m[1]) > 0: return "failed_doctests"
     return "timed_out" if r["result"] == "timed out" else "error"
 
-def _pair_for(fn:dict, seed:int, max_tries:int, timeout:float, mutant_timeout:float) -> tuple[dict|None, str, list]:
-    "Verify one candidate: `(pair or None, mutation kind or skip reason, outcomes of the mutants tried)`."
+def _pair_for(fn:dict, seed:int, max_tries:int, timeout:float, mutant_timeout:float, per_function:int=1) -> tuple[list[dict], str, list]:
+    "Verify one candidate: `(pairs, skip reason if none, outcomes of the mutants tried)`, up to `per_function` pairs of different mutants."
     run = lambda src, t: _doctest_outcome(run_program(doctest_program(src, fn["name"], fn["imports"]), timeout=t))
     first = run(fn["src"], timeout)
-    if first != "passed": return None, {"failed_doctests": "fails_as_written", "timed_out": "times_out_as_written"}.get(first, "errors_as_written"), []
+    if first != "passed": return [], {"failed_doctests": "fails_as_written", "timed_out": "times_out_as_written"}.get(first, "errors_as_written"), []
     chosen, why = docstring_to_code(fn)
-    if chosen is None: return None, why, []
-    muts, tried = mutants(fn["src"], seed), []
-    if not muts: return None, "no_mutation_site", []
+    if chosen is None: return [], why, []
+    muts, tried, pairs = mutants(fn["src"], seed), [], []
+    if not muts: return [], "no_mutation_site", []
     for kind, src in muts[:max_tries]:
         tried.append(run(src, mutant_timeout))
         if tried[-1] == "failed_doctests":
             rejected, _ = docstring_to_code(dict(fn, src=src))
-            return dict(prompt=sft_prompt(chosen), chosen=chosen["output"], rejected=rejected["output"], mutation=kind), kind, tried
-    return None, "no_failing_mutant", tried
+            pairs.append(dict(prompt=sft_prompt(chosen), instruction=chosen["instruction"], input=chosen["input"],
+                              chosen=chosen["output"], rejected=rejected["output"], mutation=kind))
+            if len(pairs) == per_function: break
+    return pairs, "" if pairs else "no_failing_mutant", tried
 
 def preference_pairs(candidates:list[dict], # from `doctest_candidates`, over any number of documents
                      workers:int=2, # sandboxes at a time
                      seed:int=0, # orders the mutants
-                     max_tries:int=4, # mutants tried per function before giving up on it
+                     max_tries:int=4, # mutants tried per function at most
+                     per_function:int=1, # pairs kept per function (each a different mutant that fails the doctests)
                      timeout:float=5.0, # seconds for the real function's doctests
                      mutant_timeout:float=2.0, # ... and for a mutant's (a mutant can loop forever)
                     ) -> tuple[list[dict], dict]:
     "`prompt`/`chosen`/`rejected` pairs: the real body passes its doctests, a mutation of it fails them (both executed)."
     with ThreadPoolExecutor(workers) as ex:
-        res = list(tqdm(ex.map(lambda fn: _pair_for(fn, seed, max_tries, timeout, mutant_timeout), candidates),
+        res = list(tqdm(ex.map(lambda fn: _pair_for(fn, seed, max_tries, timeout, mutant_timeout, per_function), candidates),
                         total=len(candidates), desc="pairs", leave=False))
-    pairs = [p for p, _, _ in res if p]
-    return pairs, dict(candidates=len(candidates), pairs=len(pairs), skipped=dict(Counter(w for p, w, _ in res if p is None)),
+    pairs = [p for ps, _, _ in res for p in ps]
+    return pairs, dict(candidates=len(candidates), pairs=len(pairs), skipped=dict(Counter(w for ps, w, _ in res if not ps)),
                        mutations=dict(Counter(p["mutation"] for p in pairs)),
                        mutants_tried=dict(Counter(o for *_, tried in res for o in tried)))
 

@@ -1,12 +1,12 @@
 "Fine-tuning with TRL on a small random Llama: LoRA, QLoRA and full SFT, packing, the served prompt, and bad bases."
-import json
+import json, math
 from types import SimpleNamespace
 import pytest, torch
 from codellm_nb.core import get_preset, read_manifest
-from codellm_nb.finetune import chat_prompt, encode, finetune, load_base, load_sft
+from codellm_nb.finetune import chat_prompt, dpo, encode, finetune, load_base, load_sft
 from codellm_nb.pretrain import model_config
 
-FT = dict(ft_steps=4, ft_batch=4, ft_ckpt_every=2, eval_lines=4, ft_max_len=128, mlflow=False)
+FT = dict(ft_steps=4, ft_batch=4, ft_ckpt_every=2, eval_lines=4, ft_max_len=128, mlflow=False, dpo_steps=0)
 
 @pytest.fixture(scope="module")
 def base(data_run, tmp_path_factory):
@@ -20,7 +20,8 @@ def base(data_run, tmp_path_factory):
 
 def run_dir(data_run, tmp_path):
     "A run folder that shares the data run's data stage and has its own fine-tuning stage."
-    d = tmp_path / "run"; d.mkdir(); (d / "data").symlink_to(data_run / "data")
+    d = tmp_path / "run"; (d / "data").mkdir(parents=True)
+    for f in (data_run / "data").iterdir(): (d / "data" / f.name).symlink_to(f)
     return d
 
 def logits(model, ids): 
@@ -123,3 +124,16 @@ def test_bad_bases_and_data_stop_with_the_fix(data_run, tmp_path, base):
     (e / "data" / "sft.jsonl").write_text("\n".join(lines) + "\n")
     exs, bad = load_sft(e / "data" / "sft.jsonl")
     assert len(exs) == 3 and len(bad) == 2
+
+def test_dpo_starts_at_ln2_and_prefers_the_chosen_answers(data_run, tmp_path, base):
+    "With the adapter-disabled model as the reference, policy and reference agree at the first step: the loss is ln 2."
+    d = run_dir(data_run, tmp_path)
+    (d / "data" / "prefs.jsonl").unlink(missing_ok=True)
+    pairs = [dict(instruction="Complete the body.", input=f"def f{i}(x):\n", chosen=f"    return x + {i}\n", rejected="    return\n")
+             for i in range(10)]
+    (d / "data" / "prefs.jsonl").write_text("\n".join(map(json.dumps, pairs)) + "\n{broken\n")
+    res = dpo(d, get_preset("tiny", dpo_steps=8, dpo_lr=1e-2, ft_batch=4, mlflow=False), sft_dir=base)
+    assert abs(res["first_loss"] - math.log(2)) < 1e-4
+    assert res["bad_lines"] == 1 and res["train_pairs"] + res["heldout_pairs"] == 10 and res["heldout_pairs"] == 2
+    assert res["train_loss"] < math.log(2) and res["reward_margin_train"] > 0 and res["reward_accuracy_train"] >= 0.75
+    assert (d / "finetune" / "dpo" / "merged" / "config.json").exists()

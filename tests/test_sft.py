@@ -249,7 +249,7 @@ def test_preference_pairs_are_verified_and_skips_are_counted():
     assert cst["functions_with_doctests"] == st["pairs"] + sum(cst["skipped"].values()) + sum(st["skipped"].values())
     by_name = {c["name"]: c for c in cands}
     for p in pairs:
-        assert set(p) == {"prompt", "chosen", "rejected", "mutation"} and p["chosen"] != p["rejected"]
+        assert set(p) == {"prompt", "instruction", "input", "chosen", "rejected", "mutation"} and p["chosen"] != p["rejected"]
         c = next(c for n, c in by_name.items() if f"def {n}(" in p["prompt"])
         head = docstring_to_code(c)[0]["input"]
         assert p["prompt"] == sft_prompt(dict(instruction=SFT_INSTRUCTION, input=head))
@@ -305,3 +305,11 @@ def test_self_instruct_against_the_server(tmp_path):
     assert st == {"requests": 2, "errors": 0, "kept": 2,
                   "filtered": {"duplicate_of_seed": 1, "syntax_error": 1, "duplicate": 1, "too_long": 1}}
     with pytest.raises(ValueError, match="sft_records"): self_instruct_prompts([dict(SEEDS[0], task="fim")])
+
+def test_several_pairs_per_function_each_reject_a_different_failing_mutant():
+    cands, _ = doctest_candidates(CANDIDATES)
+    pairs, st = preference_pairs(cands, workers=2, max_tries=8, per_function=3)
+    per_fn = {}
+    for p in pairs: per_fn[p["input"]] = per_fn.get(p["input"], 0) + 1
+    assert st["pairs"] == len(pairs) > 2 and max(per_fn.values()) <= 3 and len(per_fn) == 2
+    assert len({(p["input"], p["rejected"]) for p in pairs}) == len(pairs)
