@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, json, sys, time
 from pathlib import Path
-from .core import STAGES, get_logger, get_preset, parse_overrides
+from .core import PRESETS, STAGES, get_logger, get_preset, parse_overrides
 from .measure import md_columns, md_table
 
 # %% auto #0
@@ -143,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     for name in (*STAGES, "pipeline", "report"):
         p = sub.add_parser(name, help=f"run the {name} stage" if name in STAGES else name)
-        p.add_argument("--preset", default="tiny", help="tiny | small | 135m")
+        p.add_argument("--preset", default="tiny", help=" | ".join(PRESETS))
         p.add_argument("--run-dir", default=None, help="run directory (default runs/<preset>)")
         p.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="override preset fields (repeatable)")
         if name == "pretrain":

@@ -173,6 +173,13 @@ PRESETS = {
                    nodes=4, ranks=8, steps=60_000, lr=6e-4, warmup=2000, eval_every=1000, ckpt_every=1000,
                    precision="bf16", device="gpu", ft_steps=3000, ft_batch=32, ft_lr=2e-4, ft_max_len=2048, lora_r=64,
                    lora_alpha=128, max_new_tokens=512),
+    "0.3b": Preset(name="0.3b", max_files=0, max_file_bytes=1_000_000, vocab_size=32000, n_layers=24, hidden=1024, n_heads=16,
+                   n_kv_heads=16, ffn=2816, context=2048, seq_len=2048, batch_seqs=256, micro_batch=8, nodes=1, ranks=1,
+                   steps=20_000, lr=3e-4, warmup=1000, eval_every=1000, ckpt_every=1000, precision="bf16", device="gpu",
+                   ft_method="full", ft_steps=2000, ft_batch=16, ft_lr=2e-5, ft_max_len=2048, ft_ckpt_every=250, max_new_tokens=512),
+    "7b-qlora": Preset(name="7b-qlora", precision="bf16", device="gpu", ft_method="qlora", ft_steps=1000, ft_batch=4, ft_lr=2e-4,
+                       ft_max_len=2048, ft_ckpt_every=200, lora_r=64, lora_alpha=128, activation_checkpointing=True,
+                       eval_lines=64, max_new_tokens=512),  # fine-tunes a model you bring: codellm finetune --base PATH
     "smollm-135m": Preset(name="smollm-135m", max_files=0, max_file_bytes=1_000_000, vocab_size=49152, n_layers=30,
                           hidden=576, n_heads=9, n_kv_heads=3, ffn=1536, context=2048, tie_embeddings=True, seq_len=2048,
                           batch_seqs=512, micro_batch=8, nodes=4, ranks=8, steps=60_000, lr=3e-3, warmup=2000,

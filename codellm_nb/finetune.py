@@ -4,19 +4,20 @@
 
 # %% ../nbs/03_finetune.ipynb #92eed1a2
 from __future__ import annotations
-import ast, hashlib, json, os, random, shutil
+import ast, dataclasses, hashlib, json, os, random, shutil
 from pathlib import Path
 from types import SimpleNamespace
 import torch
 from .core import (Preset, Timer, detect_device, get_logger, read_jsonl, read_manifest, resolve_precision,
-                             seed_everything, stage_dir, write_manifest)
+                             seed_everything, stage_dir, torch_dtype, write_manifest)
 from .sft import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, fim_parse, fim_split, record_code, sft_heldout, to_context_response
 
 # %% auto #0
 __all__ = ['ROLES', 'to_messages', 'load_sft', 'chat_prompt', 'end_of_turn', 'fim_text', 'encode', 'fim_examples', 'ast_depth',
-           'difficulty', 'schedule', 'check_base', 'lora_config', 'load_base', 'check_vocab', 'LocalClient',
-           'answer_loss', 'score_model', 'sft_sets', 'sft_args', 'sft_trainer', 'pair_messages', 'load_pairs',
-           'dpo_rows', 'split_pairs', 'dpo_args', 'dpo', 'load_checkpoint', 'export_best', 'finetune']
+           'difficulty', 'schedule', 'check_base', 'lora_config', 'load_base', 'check_vocab', 'memory_estimate',
+           'memory_table', 'available_gib', 'LocalClient', 'answer_loss', 'score_model', 'sft_sets', 'sft_args',
+           'sft_trainer', 'pair_messages', 'load_pairs', 'dpo_rows', 'split_pairs', 'dpo_args', 'dpo',
+           'load_checkpoint', 'export_best', 'finetune']
 
 # %% ../nbs/03_finetune.ipynb #99326945
 ROLES = ("system", "user", "assistant")
@@ -135,10 +136,13 @@ def lora_config(cfg:Preset):
     return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM")
 
 def load_base(base, method:str="lora", precision:str="fp32", device:str="cpu"):
-    "The base model for `method`: fp32 master weights for full and LoRA, a 4-bit NF4 base (bitsandbytes) for QLoRA."
+    """The base model for `method`: fp32 master weights for full SFT; LoRA's frozen base in the compute dtype on GPUs (fp32 on
+    CPUs, whose bf16 is emulated on many); a 4-bit NF4 base (bitsandbytes) for QLoRA. Adapters are always fp32."""
     from transformers import AutoModelForCausalLM
     if method not in ("full", "lora", "qlora"): raise ValueError(f"ft_method must be full, lora or qlora, got {method!r}")
-    if method != "qlora": return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(device)
+    if method != "qlora":
+        half = method == "lora" and device == "cuda" and precision in ("bf16", "fp16")
+        return AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype(precision) if half else torch.float32).to(device)
     from peft import prepare_model_for_kbit_training
     from transformers import BitsAndBytesConfig
     q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -151,6 +155,44 @@ def check_vocab(model, tok):
     n = model.get_input_embeddings().num_embeddings
     if len(tok) > n: raise ValueError(f"The tokenizer has {len(tok)} tokens but the model embeds only {n}: they are out of step "
                                       "(call `model.resize_token_embeddings(len(tok))` and save, or use the tokenizer the model was trained with)")
+
+# %% ../nbs/03_finetune.ipynb #73f9017b
+def memory_estimate(config, cfg:Preset, precision:str="bf16", world:int=1, zero_stage:int=0, offload_optimizer:bool=False,
+                    offload_params:bool=False, device:str="cuda") -> dict:
+    "GiB per device (and on the host) to fine-tune a model of HF `config` with `cfg`'s method, batch and length: an estimate."
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"): m = AutoModelForCausalLM.from_config(config)
+    n = sum(p.numel() for p in m.parameters())
+    linears = [(name.split(".")[-1], mod) for name, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)]
+    targets = {t.strip() for t in cfg.lora_targets.split(",")}
+    n_lora = sum(cfg.lora_r * (mod.in_features + mod.out_features) for name, mod in linears if name in targets)
+    n_4bit = sum(mod.weight.numel() for name, mod in linears if name != "lm_head")  # bitsandbytes leaves the output layer
+    half = 2 if precision in ("bf16", "fp16") else 4
+    if cfg.ft_method == "full": weights, trainable = 4 * n, n                         # fp32 master weights
+    elif cfg.ft_method == "lora": weights, trainable = (half if device == "cuda" else 4) * n, n_lora  # see `load_base`
+    else: weights, trainable = 0.516 * n_4bit + half * (n - n_4bit), n_lora          # NF4 + double-quantized scales
+    gb = lambda x: round(x / 2**30, 2)
+    parts = dict(weights=weights, adapters=4 * n_lora if cfg.ft_method != "full" else 0, gradients=4 * trainable, optimizer=8 * trainable)
+    if zero_stage >= 1: parts["optimizer"] /= world
+    if zero_stage >= 2: parts["gradients"] /= world
+    if zero_stage >= 3: parts["weights"] /= world
+    host = (parts.pop("optimizer") if offload_optimizer else 0) + (parts.pop("weights") if offload_params and zero_stage == 3 else 0)
+    s, b, h, L = cfg.ft_max_len, cfg.ft_batch, config.hidden_size, config.num_hidden_layers
+    layer = 34 * s * b * h * half / 2  # Korthikanti et al. (2022) per layer, no s x s scores (SDPA keeps none)
+    parts["activations"] = (L * 2 * s * b * h * half / 2 + layer) if cfg.activation_checkpointing else L * layer
+    parts["logits"] = s * b * config.vocab_size * (half + 8)  # the logits, their fp32 copy for the loss, and its gradient
+    return dict(params=n, trainable=trainable, **{f"{k}_gib": gb(v) for k, v in parts.items()},
+                device_gib=gb(sum(parts.values())), host_gib=gb(host))
+
+def memory_table(config, cfg:Preset, precision:str="bf16") -> list[dict]:
+    "`memory_estimate` for each method, the rest of `cfg` kept."
+    return [dict(method=m, **memory_estimate(config, dataclasses.replace(cfg, ft_method=m), precision)) for m in ("full", "lora", "qlora")]
+
+def available_gib(device:str) -> float:
+    "Memory free for training on `device`: the first GPU's free memory, or the host's available memory."
+    if device == "cuda": return torch.cuda.mem_get_info()[0] / 2**30
+    import psutil
+    return psutil.virtual_memory().available / 2**30
 
 # %% ../nbs/03_finetune.ipynb #70582c30
 class LocalClient:
@@ -365,13 +407,25 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
     from transformers import AutoTokenizer
     from codellm_nb.evaluate import heldout_documents, line_tasks
     if base is None:
-        read_manifest(run_dir, "pretrain")  # a clear error if pretraining has not run
+        try: read_manifest(run_dir, "pretrain")
+        except FileNotFoundError as e: raise FileNotFoundError(f"{e}; or fine-tune a model you have: --base PATH") from None
         base = Path(run_dir) / "pretrain" / "hf"
     base = check_base(base)
-    log, t, out = get_logger(), Timer(), stage_dir(run_dir, "finetune")
-    for old in ("checkpoints", "adapter", "merged"): shutil.rmtree(out / old, ignore_errors=True)  # an earlier run's, never mixed in
+    log, t = get_logger(), Timer()
     dev = detect_device(); device = "cuda" if dev["kind"] in ("cuda", "rocm") else "cpu"
+    if cfg.device == "gpu" and device == "cpu":
+        raise ValueError(f"The {cfg.name} preset is sized for GPUs and this machine has none: use --preset tiny or small here, "
+                         "or --set device=any to try it on CPUs anyway")
     precision = resolve_precision(cfg.precision, dev)
+    from transformers import AutoConfig
+    est, free = memory_estimate(AutoConfig.from_pretrained(base), cfg, precision, device=device), available_gib(device)
+    log.info(f"finetune: {cfg.ft_method} needs about {est['device_gib']} GiB on the {device} ({free:.1f} GiB free)")
+    if est["device_gib"] > 0.9 * free:
+        raise ValueError(f"Fine-tuning ({cfg.ft_method}, batch {cfg.ft_batch} x {cfg.ft_max_len} tokens) needs about {est['device_gib']} GiB "
+                         f"on the {device} but {free:.1f} GiB is free: use ft_method=qlora (or lora), activation_checkpointing=true, "
+                         "or a smaller ft_batch / ft_max_len")
+    out = stage_dir(run_dir, "finetune")
+    for old in ("checkpoints", "adapter", "merged"): shutil.rmtree(out / old, ignore_errors=True)  # an earlier run's, never mixed in
     seed_everything(cfg.seed)
     tok = AutoTokenizer.from_pretrained(base)
     if tok.pad_token is None: tok.pad_token = tok.eos_token
@@ -414,7 +468,7 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
     with open(out / "metrics.jsonl", "w") as f:
         for h in hist:
             if "loss" in h or "eval_loss" in h: f.write(json.dumps({k: v for k, v in h.items() if isinstance(v, (int, float))}) + "\n")
-    metrics = dict(method=cfg.ft_method, precision=precision, device=device, **{k: v for k, v in counts.items() if k != "skipped"},
+    metrics = dict(method=cfg.ft_method, precision=precision, device=device, memory_estimate_gib=est["device_gib"], **{k: v for k, v in counts.items() if k != "skipped"},
                    trainable_params=trainable, trainable_pct=round(100 * trainable / total, 2), steps=cfg.ft_steps,
                    train_loss=round(res.training_loss, 4), chosen_step=best["step"], selected_by=metric,
                    **{f"{k}_before": v for k, v in table[0].items() if k not in ("step", "chosen")},

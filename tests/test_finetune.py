@@ -111,6 +111,9 @@ def test_bad_bases_and_data_stop_with_the_fix(data_run, tmp_path, base):
     cfg = get_preset("tiny", **FT)
     d = run_dir(data_run, tmp_path)
     with pytest.raises(FileNotFoundError, match="No base model folder"): finetune(d, cfg, base=tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="--base PATH"): finetune(d, cfg)  # no pretrained model in this run
+    with pytest.raises(ValueError, match="sized for GPUs"): finetune(d, get_preset("7b-qlora"), base=base)
+    with pytest.raises(ValueError, match="GiB is free: use ft_method=qlora"): finetune(d, get_preset("tiny", **{**FT, "ft_batch": 100_000}), base=base)
     tok = AutoTokenizer.from_pretrained(base)
     small = tmp_path / "small"; LlamaForCausalLM(model_config(get_preset("tiny", hidden=64, ffn=128, n_layers=2), vocab_size=len(tok) - 8)).save_pretrained(small)
     tok.save_pretrained(small)
