@@ -27,7 +27,7 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
                                master_addr=kw.get("master_addr") or "127.0.0.1", master_port=kw.get("master_port") or 29517)
     if stage == "finetune":
         from codellm_nb.finetune import finetune
-        return finetune(run_dir, cfg, base=kw.get("base"))
+        return finetune(run_dir, cfg, base=kw.get("base"), resume=kw.get("resume", False))
     if stage == "quantize":
         from codellm_nb.quantize import quantize
         return quantize(run_dir, cfg)
@@ -151,7 +151,9 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--node-rank", type=int, default=0, help="this node's index (with --set nodes=N)")
             p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (multi-node)")
             p.add_argument("--master-port", type=int, default=29517, help="rendezvous port on node 0 (multi-node)")
-        if name == "finetune": p.add_argument("--base", default=None, help="a local Hugging Face model folder to fine-tune (default: the run's pretrained model)")
+        if name == "finetune":
+            p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+            p.add_argument("--base", default=None, help="a local Hugging Face model folder to fine-tune (default: the run's pretrained model)")
         if name in ("serve", "eval"): p.add_argument("--model", default=None, help="model folder (default: the run's fine-tuned model)")
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)

@@ -202,8 +202,9 @@ def heldout_documents(data_dir, val_frac:float, lang:str="python", limit:int=0) 
     from datasets import load_from_disk
     from codellm_nb.tokenizer import is_val
     ds = load_from_disk(str(Path(data_dir) / "documents"))
-    texts = [r["text"] for r in ds if r["lang"] == lang and is_val(r["id"], val_frac)]
-    return texts[:limit] if limit else texts
+    held = ds.filter(lambda langs, ids: [l == lang and is_val(i, val_frac) for l, i in zip(langs, ids)],
+                     input_columns=["lang", "id"], batched=True, keep_in_memory=True)  # Arrow batches; no cache file in the run
+    return held["text"][:limit] if limit else held["text"]
 
 def line_tasks(texts:list[str], n:int=64, seed:int=0, min_chars:int=8, prefix_chars:int=1200, suffix_chars:int=400) -> list[dict]:
     "`{prefix, line, suffix}` from up to `n` texts: one line of at least `min_chars` characters, not a comment, the code around it cut to size."

@@ -270,7 +270,7 @@ def sft_args(cfg:Preset, out:Path, precision:str, device:str, every:int, report_
                      weight_decay=0.0, max_grad_norm=cfg.grad_clip, seed=cfg.seed, data_seed=cfg.seed,
                      bf16=precision == "bf16", use_cpu=device == "cpu", completion_only_loss=True, packing=cfg.ft_packing,
                      max_length=cfg.ft_max_len, train_sampling_strategy="sequential",  # `schedule` decided the order
-                     logging_steps=1, save_strategy="steps", save_steps=every, save_only_model=True,
+                     logging_steps=1, save_strategy="steps", save_steps=every,  # with optimizer and RNG states: resumable
                      eval_strategy="steps" if evaluate else "no", eval_steps=every, per_device_eval_batch_size=16,
                      include_num_input_tokens_seen="non_padding", report_to=report_to,
                      run_name=f"finetune-{cfg.name}", dataloader_num_workers=0,
@@ -401,7 +401,7 @@ def export_best(base, best:Path, method:str, out:Path, tok) -> Path:
     model.save_pretrained(out / "merged"); tok.save_pretrained(out / "merged")
     return out / "merged"
 
-def finetune(run_dir, cfg:Preset, base=None) -> dict:
+def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
     "SFT (`cfg.ft_method`: full, LoRA or QLoRA) of the pretrained model, or `base` folder, on `<run_dir>/data/sft.jsonl` with TRL."
     from unittest import mock
     from transformers import AutoTokenizer
@@ -425,7 +425,11 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
                          f"on the {device} but {free:.1f} GiB is free: use ft_method=qlora (or lora), activation_checkpointing=true, "
                          "or a smaller ft_batch / ft_max_len")
     out = stage_dir(run_dir, "finetune")
-    for old in ("checkpoints", "adapter", "merged"): shutil.rmtree(out / old, ignore_errors=True)  # an earlier run's, never mixed in
+    for old in ("adapter", "merged") if resume else ("checkpoints", "adapter", "merged"):  # an earlier run's, never mixed in
+        shutil.rmtree(out / old, ignore_errors=True)
+    done = [c for c in (out / "checkpoints").glob("checkpoint-*") if (c / "trainer_state.json").exists()]  # complete ones
+    start = max(done, key=lambda c: int(c.name.split("-")[1])) if resume and done else None
+    if resume and not start: log.warning(f"finetune: no complete checkpoint in {out / 'checkpoints'}: starting from step 0")
     seed_everything(cfg.seed)
     tok = AutoTokenizer.from_pretrained(base)
     if tok.pad_token is None: tok.pad_token = tok.eos_token
@@ -444,7 +448,7 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
     report_to, env = _report_to(out, cfg)
     with mock.patch.dict(os.environ, env):  # the integrations read their settings from the environment
         trainer = sft_trainer(model, tok, schedule(train, cfg), val, sft_args(cfg, out, precision, device, every, report_to, bool(val)))
-        with t("train"): res = trainer.train()
+        with t("train"): res = trainer.train(resume_from_checkpoint=str(start) if start else None)
     ckpts = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))
     with t("score_checkpoints"):
         for c in ckpts:
@@ -468,7 +472,8 @@ def finetune(run_dir, cfg:Preset, base=None) -> dict:
     with open(out / "metrics.jsonl", "w") as f:
         for h in hist:
             if "loss" in h or "eval_loss" in h: f.write(json.dumps({k: v for k, v in h.items() if isinstance(v, (int, float))}) + "\n")
-    metrics = dict(method=cfg.ft_method, precision=precision, device=device, memory_estimate_gib=est["device_gib"], **{k: v for k, v in counts.items() if k != "skipped"},
+    metrics = dict(method=cfg.ft_method, precision=precision, device=device, memory_estimate_gib=est["device_gib"],
+                   resumed_from=int(start.name.split("-")[1]) if start else 0, **{k: v for k, v in counts.items() if k != "skipped"},
                    trainable_params=trainable, trainable_pct=round(100 * trainable / total, 2), steps=cfg.ft_steps,
                    train_loss=round(res.training_loss, 4), chosen_step=best["step"], selected_by=metric,
                    **{f"{k}_before": v for k, v in table[0].items() if k not in ("step", "chosen")},

@@ -237,6 +237,7 @@ def parse_adapters(specs:list[str]) -> dict[str, str]:
         if not (sep and name and path): raise ValueError(f"--lora {s!r}: write NAME=DIR, e.g. --lora sft=runs/tiny/finetune/adapter")
         if not (Path(path) / "adapter_config.json").exists():
             raise FileNotFoundError(f"--lora {s}: {path} is not a LoRA adapter folder (no adapter_config.json)")
+        if name in out: raise ValueError(f"--lora {s}: the name {name!r} is already given to {out[name]}; each adapter needs its own name")
         out[name] = path
     return out
 
@@ -408,7 +409,8 @@ def shallow_draft(target, n_layers:int=1):
     if getattr(cfg, "layer_types", None): cfg.layer_types = cfg.layer_types[:n_layers]
     draft = type(target)(cfg)
     missing = draft.load_state_dict(target.state_dict(), strict=False).missing_keys
-    assert not missing, f"the target lacks {missing}"
+    if missing: raise ValueError(f"The target has no weights for the draft's {missing[:3]}: a shallow draft copies a decoder's "
+                                 "embeddings, first layers, final norm and output head, and this architecture names them otherwise")
     return draft.to(target.device, target.dtype)
 
 def distill_draft(target, draft, tokens, out_dir, n_prompts:int=256, prompt_len:int=32, new_tokens:int=96, steps:int=200,
@@ -421,7 +423,8 @@ def distill_draft(target, draft, tokens, out_dir, n_prompts:int=256, prompt_len:
     with torch.no_grad():
         for chunk in prompts.split(64):  # prompts of one length: batches without padding
             seqs += target.generate(chunk.to(target.device), attention_mask=torch.ones_like(chunk).to(target.device), do_sample=False,
-                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0).tolist()
+                                    max_new_tokens=new_tokens, min_new_tokens=new_tokens,  # equal lengths: nothing is padded
+                                    pad_token_id=target.config.pad_token_id if target.config.pad_token_id is not None else 0).tolist()
     rows = [dict(input_ids=s, labels=[-100] * prompt_len + s[prompt_len:]) for s in seqs]
     args = TrainingArguments(str(out_dir), max_steps=steps, per_device_train_batch_size=batch, learning_rate=lr, warmup_steps=steps // 10,
                              lr_scheduler_type="cosine", use_cpu=target.device.type == "cpu", bf16=False, report_to=[],
@@ -1082,6 +1085,8 @@ def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str
     import uvicorn
     set_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or None)
     path = resolve_model(model_or_run)
+    if (name or path.name) in (adapters or {}):
+        raise ValueError(f"--lora {name or path.name}=...: the base model is served under that name; give the adapter another name")
     spec = dict(draft=draft, spec_tokens=spec_tokens) if draft else {}
     eng = TransformersEngine(path, name=name, max_seqs=max_seqs, adapters=adapters, **spec) if replica else \
           build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel, max_seqs=max_seqs,

@@ -140,3 +140,16 @@ def test_dpo_starts_at_ln2_and_prefers_the_chosen_answers(data_run, tmp_path, ba
     assert res["bad_lines"] == 1 and res["train_pairs"] + res["heldout_pairs"] == 10 and res["heldout_pairs"] == 2
     assert res["train_loss"] < math.log(2) and res["reward_margin_train"] > 0 and res["reward_accuracy_train"] >= 0.75
     assert (d / "finetune" / "dpo" / "merged" / "config.json").exists()
+
+def test_a_fine_tune_resumes_from_its_checkpoint_to_the_same_weights(data_run, tmp_path, base):
+    from safetensors.torch import load_file
+    d = run_dir(data_run, tmp_path)
+    cfg = get_preset("tiny", **{**FT, "eval_lines": 0})
+    finetune(d, cfg, base=base)
+    whole = load_file(d / "finetune" / "adapter" / "adapter_model.safetensors")
+    import shutil; shutil.rmtree(d / "finetune" / "checkpoints" / "checkpoint-4")  # as if killed between the two checkpoints
+    res = finetune(d, cfg, base=base, resume=True)
+    assert res["resumed_from"] == 2
+    again = load_file(d / "finetune" / "adapter" / "adapter_model.safetensors")
+    assert whole.keys() == again.keys()
+    for k in whole: torch.testing.assert_close(again[k], whole[k], atol=1e-6, rtol=1e-5)

@@ -91,3 +91,11 @@ def test_fields_at_their_defaults_and_lists_of_prompts_are_served(client):
     r = client.post("/v1/chat/completions", json=dict(CHAT, max_completion_tokens=3,
                                                       messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+
+def test_adapter_names_are_unique_and_never_the_base_models(tmp_path):
+    from codellm_nb.serve import parse_adapters, serve_forever
+    a = tmp_path / "adapter"; a.mkdir(); (a / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="already given"): parse_adapters([f"sft={a}", f"sft={a}"])
+    m = tmp_path / "base"; m.mkdir(); (m / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="base model is served under that name"): serve_forever(m, adapters={"base": str(a)})
+    with pytest.raises(ValueError, match="base model is served under that name"): serve_forever(m, name="x", adapters={"x": str(a)})
