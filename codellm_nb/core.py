@@ -263,7 +263,7 @@ def stage_dir(run_dir, stage:str) -> Path:
 def versions() -> dict:
     "Versions of the libraries that decide a run's numbers."
     out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "tokenizers", "datasets", "deepspeed", "peft", "torchao", "codellm_nb"):
+    for pkg in ("torch", "transformers", "tokenizers", "datasets", "deepspeed", "peft", "trl", "bitsandbytes", "torchao", "codellm_nb"):
         try: out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError: pass
     return out

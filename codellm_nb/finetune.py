@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_finetune.ipynb #92eed1a2
 from __future__ import annotations
-import ast, dataclasses, hashlib, json, os, random, shutil
+import ast, dataclasses, gc, hashlib, json, os, random, shutil
 from pathlib import Path
 from types import SimpleNamespace
 import torch
@@ -458,6 +458,8 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
     sign = -1 if metric == "val_answer_loss" else 1
     best = max(table[1:], key=lambda r: (sign * r[metric], -r["step"]))
     for r in table: r["chosen"] = r is best
+    hist, seen = trainer.state.log_history, trainer.state.num_input_tokens_seen
+    del trainer, model; gc.collect()  # the training state goes before the export loads the base again
     with t("export"): export_best(base, out / "checkpoints" / f"checkpoint-{best['step']}", cfg.ft_method, out, tok)
     stages, dpo_res = {"base": table[0], "sft": best}, None
     if cfg.dpo_steps:
@@ -468,7 +470,6 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
             with t("score_dpo"):
                 m = AutoModelForCausalLM.from_pretrained(out / "dpo" / "merged", dtype=torch.float32).eval()
                 stages["dpo"] = score_model(m, tok, val_enc, lines, cfg.context)
-    hist = trainer.state.log_history
     with open(out / "metrics.jsonl", "w") as f:
         for h in hist:
             if "loss" in h or "eval_loss" in h: f.write(json.dumps({k: v for k, v in h.items() if isinstance(v, (int, float))}) + "\n")
@@ -478,7 +479,7 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
                    train_loss=round(res.training_loss, 4), chosen_step=best["step"], selected_by=metric,
                    **{f"{k}_before": v for k, v in table[0].items() if k not in ("step", "chosen")},
                    **{f"{k}_after": v for k, v in best.items() if k not in ("step", "chosen")},
-                   tokens_per_s=round(trainer.state.num_input_tokens_seen / t.times["train"], 1), wall_s=t.times["train"],
+                   tokens_per_s=round(seen / t.times["train"], 1), wall_s=t.times["train"],
                    **({f"dpo_{k}": v for k, v in dpo_res.items()} if dpo_res else {}))
     stages = [dict(model=k, **{c: v for c, v in r.items() if c not in ("step", "chosen")}) for k, r in stages.items()]
     write_manifest(run_dir, "finetune", cfg, inputs={"base": str(base), "sft": "data/sft.jsonl"}, metrics=metrics,
