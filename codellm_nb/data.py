@@ -18,7 +18,7 @@ from .sft import (doctest_candidates, instruction_records, merge_stats, mix_reco
 
 # %% auto #0
 __all__ = ['DOCS_VERSION', 'DATA_FIELDS', 'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft',
-           'build_prefs', 'shard_bytes_per_token', 'build_data']
+           'build_prefs', 'shard_bytes_per_token', 'build_data', 'heldout_documents']
 
 # %% ../nbs/01_data.ipynb #ddbaf250
 DOCS_VERSION = 2  # bump when `build_documents` writes something different for the same settings
@@ -203,3 +203,12 @@ def build_data(run_dir, cfg:Preset) -> dict:
     log.info(f"data: {stats['counts']['kept']} docs, {stats['train_tokens']:,} train tokens, "
              f"{stats['sft_records']} instruction records, {stats['pref_pairs']} preference pairs")
     return stats
+
+# %% ../nbs/01_data.ipynb #c3fdb7c4
+def heldout_documents(data_dir, val_frac:float, lang:str="python", limit:int=0) -> list[str]:
+    "Texts of the data run's held-out documents in `lang`: the split pretraining measured validation loss on."
+    from datasets import load_from_disk
+    ds = load_from_disk(str(Path(data_dir) / "documents"))
+    held = ds.filter(lambda langs, ids: [l == lang and is_val(i, val_frac) for l, i in zip(langs, ids)],
+                     input_columns=["lang", "id"], batched=True, keep_in_memory=True)  # Arrow batches; no cache file in the run
+    return held["text"][:limit] if limit else held["text"]

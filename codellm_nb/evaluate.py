@@ -14,13 +14,16 @@ from .core import Preset, Timer, get_logger, read_jsonl, read_manifest, stage_di
 from .sft import SFT_INSTRUCTION, sft_heldout, sft_prompt
 from .sandbox import run_program
 from .measure import md_columns, md_table
+from .data import heldout_documents
+from .measure import complete_lines, line_scores, line_tasks
+
 
 # %% auto #0
 __all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'imported_modules',
            'harness_program', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k', 'score', 'connect',
-           'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores', 'heldout_documents',
-           'line_tasks', 'complete_lines', 'line_scores', 'latency_profile', 'evaluate_endpoint', 'evaluate_model',
-           'outcome', 'write_eval_report', 'select_best', 'compare_models', 'compare_runs', 'score_file', 'run_eval']
+           'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores', 'latency_profile',
+           'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report', 'select_best', 'compare_models',
+           'compare_runs', 'score_file', 'run_eval']
 
 # %% ../nbs/06_eval.ipynb #70288ac5
 def load_problems(limit:int=0) -> dict:
@@ -195,48 +198,6 @@ def text_scores(predictions:list[str], references:list[str]) -> dict:
     sc = rouge_scorer.RougeScorer(["rougeL"])
     rouge = np.mean([sc.score(r, p)["rougeL"].fmeasure for p, r in zip(predictions, references)]) if references else 0.0
     return dict(bleu4=round(sacrebleu.corpus_bleu(predictions, [references]).score, 2), rougeL=round(100 * float(rouge), 2))
-
-# %% ../nbs/06_eval.ipynb #1c0e0002
-def heldout_documents(data_dir, val_frac:float, lang:str="python", limit:int=0) -> list[str]:
-    "Texts of the data run's held-out documents in `lang`: the split pretraining measured validation loss on."
-    from datasets import load_from_disk
-    from codellm_nb.tokenizer import is_val
-    ds = load_from_disk(str(Path(data_dir) / "documents"))
-    held = ds.filter(lambda langs, ids: [l == lang and is_val(i, val_frac) for l, i in zip(langs, ids)],
-                     input_columns=["lang", "id"], batched=True, keep_in_memory=True)  # Arrow batches; no cache file in the run
-    return held["text"][:limit] if limit else held["text"]
-
-def line_tasks(texts:list[str], n:int=64, seed:int=0, min_chars:int=8, prefix_chars:int=1200, suffix_chars:int=400) -> list[dict]:
-    "`{prefix, line, suffix}` from up to `n` texts: one line of at least `min_chars` characters, not a comment, the code around it cut to size."
-    import random
-    rng, tasks = random.Random(seed), []
-    for text in texts:
-        lines = text.split("\n")
-        ok = [i for i, l in enumerate(lines) if i > 0 and len(l.strip()) >= min_chars and not l.strip().startswith("#")]
-        if not ok: continue
-        i = rng.choice(ok)
-        tasks.append(dict(prefix=("\n".join(lines[:i]) + "\n")[-prefix_chars:], line=lines[i],
-                          suffix=("\n" + "\n".join(lines[i + 1:]))[:suffix_chars]))
-        if len(tasks) == n: break
-    return tasks
-
-def complete_lines(client, model:str, tasks:list[dict], fim:bool=False, max_tokens:int=48, workers:int=4) -> list[str|None]:
-    "The line the model writes after each task's prefix (with `fim`, between its prefix and suffix); None where refused."
-    import openai
-    def one(t):
-        try: r = client.completions.create(model=model, prompt="<|lang=python|>" + t["prefix"], max_tokens=max_tokens, temperature=0,
-                                           stop=["\n"], **(dict(suffix=t["suffix"]) if fim else {}))
-        except openai.BadRequestError: return None  # e.g. a model without fill-in-the-middle tokens
-        return r.choices[0].text.split("\n")[0]
-    with ThreadPoolExecutor(workers) as ex: return list(ex.map(one, tasks))
-
-def line_scores(preds:list[str|None], lines:list[str], prefix:str="line") -> dict:
-    "Exact match and edit similarity (0-100) of predicted lines, whitespace-stripped; nothing if every request was refused."
-    import difflib
-    pairs = [(p.strip(), l.strip()) for p, l in zip(preds, lines) if p is not None]
-    if not pairs: return {}
-    return {f"{prefix}_em": round(100 * float(np.mean([p == l for p, l in pairs])), 2),
-            f"{prefix}_edit_sim": round(100 * float(np.mean([difflib.SequenceMatcher(None, p, l).ratio() for p, l in pairs])), 2)}
 
 # %% ../nbs/06_eval.ipynb #e5ffda05
 def latency_profile(client, model:str, prompts:list[str], max_tokens:int=32) -> dict:

@@ -199,8 +199,8 @@ class LocalClient:
     "Just enough of the OpenAI client (`completions.create`, greedy) for the evaluation stage's line scorers, over a model in this process."
     def __init__(self, model, tok, context:int): self.model, self.tok, self.context, self.completions = model, tok, context, self
     def create(self, model=None, prompt:str="", max_tokens:int=16, temperature:float=0, stop=None, suffix=None, **kw):
-        from codellm_nb.serve import fim_prompt
-        ids = self.tok(fim_prompt(self.tok, prompt, suffix) if suffix is not None else prompt, add_special_tokens=False).input_ids
+        from codellm_nb.tokenizer import psm_prompt
+        ids = self.tok(psm_prompt(self.tok, prompt, suffix) if suffix is not None else prompt, add_special_tokens=False).input_ids
         ids = torch.tensor([ids[-(self.context - max_tokens):]], device=self.model.device)  # the nearest context, as a server cuts it
         with torch.no_grad():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
@@ -226,7 +226,7 @@ def answer_loss(model, encoded:list[dict], pad_id:int, bs:int=16) -> float:
 
 def score_model(model, tok, val:list[dict], lines:list[dict], context:int) -> dict:
     "Held-out answer loss, line completion and single-line infilling (the evaluation stage's scorers) of an in-memory model."
-    from codellm_nb.evaluate import complete_lines, line_scores
+    from codellm_nb.measure import complete_lines, line_scores
     m = dict(val_answer_loss=round(answer_loss(model, val, tok.pad_token_id), 4))
     if lines:
         c = LocalClient(model, tok, context)
@@ -405,7 +405,8 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
     "SFT (`cfg.ft_method`: full, LoRA or QLoRA) of the pretrained model, or `base` folder, on `<run_dir>/data/sft.jsonl` with TRL."
     from unittest import mock
     from transformers import AutoTokenizer
-    from codellm_nb.evaluate import heldout_documents, line_tasks
+    from codellm_nb.data import heldout_documents
+    from codellm_nb.measure import line_tasks
     if base is None:
         try: read_manifest(run_dir, "pretrain")
         except FileNotFoundError as e: raise FileNotFoundError(f"{e}; or fine-tune a model you have: --base PATH") from None

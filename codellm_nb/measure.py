@@ -13,7 +13,7 @@ if TYPE_CHECKING: import torch
 
 # %% auto #0
 __all__ = ['token_blocks', 'token_bytes', 'heldout_sums', 'metrics_from_sums', 'heldout_metrics', 'cpu_model', 'machine_info',
-           'save_result', 'md_table', 'md_columns', 'benchmark_summary']
+           'save_result', 'md_table', 'md_columns', 'benchmark_summary', 'line_tasks', 'complete_lines', 'line_scores']
 
 # %% ../nbs/00b_measure.ipynb #12bbc4f1
 def token_blocks(tokens:np.ndarray, # 1-D token ids (a memory-mapped shard is fine)
@@ -132,3 +132,37 @@ def benchmark_summary(folder) -> list[dict]:
         rows.append(dict(file=f.name, measures=h["metric"], value=h["value"], target=h.get("target", ""), date=m.get("date"),
                          cpu=f"{m.get('cpu')} ({m.get('cores')} cores{', bf16' if m.get('bf16') else ', no bf16'})"))
     return rows
+
+# %% ../nbs/00b_measure.ipynb #c790c06c
+def line_tasks(texts:list[str], n:int=64, seed:int=0, min_chars:int=8, prefix_chars:int=1200, suffix_chars:int=400) -> list[dict]:
+    "`{prefix, line, suffix}` from up to `n` texts: one line of at least `min_chars` characters, not a comment, the code around it cut to size."
+    import random
+    rng, tasks = random.Random(seed), []
+    for text in texts:
+        lines = text.split("\n")
+        ok = [i for i, l in enumerate(lines) if i > 0 and len(l.strip()) >= min_chars and not l.strip().startswith("#")]
+        if not ok: continue
+        i = rng.choice(ok)
+        tasks.append(dict(prefix=("\n".join(lines[:i]) + "\n")[-prefix_chars:], line=lines[i],
+                          suffix=("\n" + "\n".join(lines[i + 1:]))[:suffix_chars]))
+        if len(tasks) == n: break
+    return tasks
+
+def complete_lines(client, model:str, tasks:list[dict], fim:bool=False, max_tokens:int=48, workers:int=4) -> list[str|None]:
+    "The line the model writes after each task's prefix (with `fim`, between its prefix and suffix); None where refused."
+    import openai
+    from concurrent.futures import ThreadPoolExecutor
+    def one(t):
+        try: r = client.completions.create(model=model, prompt="<|lang=python|>" + t["prefix"], max_tokens=max_tokens, temperature=0,
+                                           stop=["\n"], **(dict(suffix=t["suffix"]) if fim else {}))
+        except openai.BadRequestError: return None  # e.g. a model without fill-in-the-middle tokens
+        return r.choices[0].text.split("\n")[0]
+    with ThreadPoolExecutor(workers) as ex: return list(ex.map(one, tasks))
+
+def line_scores(preds:list[str|None], lines:list[str], prefix:str="line") -> dict:
+    "Exact match and edit similarity (0-100) of predicted lines, whitespace-stripped; nothing if every request was refused."
+    import difflib
+    pairs = [(p.strip(), l.strip()) for p, l in zip(preds, lines) if p is not None]
+    if not pairs: return {}
+    return {f"{prefix}_em": round(100 * float(np.mean([p == l for p, l in pairs])), 2),
+            f"{prefix}_edit_sim": round(100 * float(np.mean([difflib.SequenceMatcher(None, p, l).ratio() for p, l in pairs])), 2)}

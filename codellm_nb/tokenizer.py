@@ -15,8 +15,9 @@ from .measure import token_blocks
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'CHAT_TOKENS', 'CODE_PIECES', 'CODE_PATTERN', 'CHAT_TEMPLATE', 'SPLITS', 'DROP_REASONS',
-           'PACK_FORMAT', 'code_pre_tokenizer', 'hf_tokenizer', 'train_tokenizer', 'bytes_per_token', 'extend_vocab',
-           'is_val', 'token_dtype', 'pack_shards', 'load_tokens', 'TokenLoader']
+           'PACK_FORMAT', 'FIM_STYLES', 'code_pre_tokenizer', 'hf_tokenizer', 'train_tokenizer', 'bytes_per_token',
+           'extend_vocab', 'is_val', 'token_dtype', 'pack_shards', 'load_tokens', 'TokenLoader', 'fim_tokens',
+           'psm_prompt']
 
 # %% ../nbs/01d_data.tokenizer.ipynb #6e16a207
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"] + \
@@ -347,3 +348,18 @@ class TokenLoader:
         if diff: raise ValueError(f"Loader state was saved with {', '.join(diff)}: resume with the same data and settings")
         self.close()
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
+
+# %% ../nbs/01d_data.tokenizer.ipynb #6663eb99
+FIM_STYLES = [("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # this project, Qwen2.5-Coder
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")]        # StarCoder, SantaCoder
+
+def fim_tokens(tok) -> tuple[str, str, str]|None:
+    "The model's fill-in-the-middle tokens (prefix, suffix, middle), or None if its vocabulary has none."
+    vocab = tok.get_vocab()
+    return next((s for s in FIM_STYLES if all(t in vocab for t in s)), None)
+
+def psm_prompt(tok, prefix:str, suffix:str) -> str:
+    "A PSM prompt (prefix, suffix, then the middle to generate) in the model's own FIM tokens."
+    t = fim_tokens(tok)
+    if t is None: raise ValueError("this model has no fill-in-the-middle tokens")
+    return f"{t[0]}{prefix}{t[1]}{suffix}{t[2]}"
