@@ -45,9 +45,10 @@ def load_sft(path) -> tuple[list[dict], list[str]]:
             return dict(kind="fim", prefix=p, middle=m, suffix=s, key=r["input"], task="fim")
         msgs = to_messages(r)
         if msgs is None: return None
-        key = r.get("input") or next(x["content"] for x in msgs if x["role"] != "assistant")
-        return dict(kind="chat", messages=msgs, key=key, task=r.get("task", "chat"),
-                    code=record_code(r) if r.get("task") in ("completion", "docstring_to_code") else None)
+        has_io = all(isinstance(r.get(k), str) and r[k] for k in ("input", "output"))  # the data stage's layout
+        key = r["input"] if has_io else next(x["content"] for x in msgs if x["role"] != "assistant")
+        return dict(kind="chat", messages=msgs, key=key, task=str(r.get("task", "chat")),
+                    code=record_code(r) if has_io and r.get("task") in ("completion", "docstring_to_code") else None)
     recs, bad = read_jsonl(path, lambda r: parse(r) is not None, what="SFT file",
                            need="`messages` (user turns then an assistant answer), instruction/input and output, or context and response",
                            missing_hint="run `codellm data` for this run first")
@@ -66,7 +67,9 @@ def end_of_turn(tok) -> str:
     prompt = chat_prompt(tok, probe[:1])
     full = tok.apply_chat_template(probe, tokenize=False)
     if not full.startswith(prompt): raise ValueError("The chat template renders a conversation's start differently from its generation prompt; training and serving would disagree")
-    return full[len(prompt):].split("\x00", 1)[1].rstrip("\n")
+    rest = full[len(prompt):]
+    if "\x00" not in rest: raise ValueError("The chat template does not render the assistant's content as given; training cannot find where an answer ends")
+    return rest.split("\x00", 1)[1].rstrip("\n")
 
 # %% ../nbs/03_finetune.ipynb #b4294e98
 def fim_text(prefix:str, middle:str, suffix:str, spm:bool=False) -> tuple[str, str]:

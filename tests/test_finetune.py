@@ -123,10 +123,11 @@ def test_bad_bases_and_data_stop_with_the_fix(data_run, tmp_path, base):
     with pytest.raises(ValueError, match="no chat template"): finetune(d, cfg, base=plain)
     e = tmp_path / "empty"; (e / "data").mkdir(parents=True); (e / "data" / "sft.jsonl").write_text('{"a": 1}\n{broken\n')
     with pytest.raises(ValueError, match="no valid SFT records"): finetune(e, cfg, base=base)
-    lines = [json.dumps(dict(messages=[dict(role="user", content="q"), dict(role="assistant", content="a")]))] * 3 + ["{broken", '{"output": 1}']
+    lines = [json.dumps(dict(messages=[dict(role="user", content="q"), dict(role="assistant", content="a")]))] * 3 + ["{broken", '{"output": 1}',
+             json.dumps(dict(messages=[dict(role="user", content="q"), dict(role="assistant", content="a")], task="completion", input=7))]
     (e / "data" / "sft.jsonl").write_text("\n".join(lines) + "\n")
     exs, bad = load_sft(e / "data" / "sft.jsonl")
-    assert len(exs) == 3 and len(bad) == 2
+    assert len(exs) == 4 and len(bad) == 2 and exs[-1]["key"] == "q" and exs[-1]["code"] is None  # odd extra fields: no crash
 
 def test_dpo_starts_at_ln2_and_prefers_the_chosen_answers(data_run, tmp_path, base):
     "With the adapter-disabled model as the reference, policy and reference agree at the first step: the loss is ln 2."
