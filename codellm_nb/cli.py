@@ -27,7 +27,8 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
                                master_addr=kw.get("master_addr") or "127.0.0.1", master_port=kw.get("master_port") or 29517)
     if stage == "finetune":
         from codellm_nb.finetune import finetune
-        return finetune(run_dir, cfg, base=kw.get("base"), resume=kw.get("resume", False))
+        return finetune(run_dir, cfg, base=kw.get("base"), resume=kw.get("resume", False), node_rank=kw.get("node_rank") or 0,
+                        master_addr=kw.get("master_addr") or "127.0.0.1", master_port=kw.get("master_port") or 29518)
     if stage == "quantize":
         from codellm_nb.quantize import quantize
         return quantize(run_dir, cfg)
@@ -146,13 +147,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--preset", default="tiny", help=" | ".join(PRESETS))
         p.add_argument("--run-dir", default=None, help="run directory (default runs/<preset>)")
         p.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="override preset fields (repeatable)")
-        if name == "pretrain":
-            p.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
-            p.add_argument("--node-rank", type=int, default=0, help="this node's index (with --set nodes=N)")
-            p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (multi-node)")
-            p.add_argument("--master-port", type=int, default=29517, help="rendezvous port on node 0 (multi-node)")
-        if name == "finetune":
+        if name in ("pretrain", "finetune"):
             p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+            nodes = "nodes" if name == "pretrain" else "ft_nodes"
+            p.add_argument("--node-rank", type=int, default=0, help=f"this node's index (with --set {nodes}=N)")
+            p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (multi-node)")
+            p.add_argument("--master-port", type=int, default=29517 if name == "pretrain" else 29518, help="rendezvous port on node 0 (multi-node)")
+        if name == "finetune":
             p.add_argument("--base", default=None, help="a local Hugging Face model folder to fine-tune (default: the run's pretrained model)")
         if name in ("serve", "eval"): p.add_argument("--model", default=None, help="model folder (default: the run's fine-tuned model)")
         if name == "serve":

@@ -88,6 +88,10 @@ class Preset:
     ft_order: str = "random"    # random | length | depth: a curriculum sorts the steps' examples easy to hard
     ft_ckpt_every: int = 50     # checkpoint and score every N steps (0 = four times in the run)
     ft_select: str = "line_edit_sim" # checkpoint score that picks the exported model: line_edit_sim | line_em | fim_edit_sim | fim_em | val_answer_loss
+    ft_ranks: int = 1           # fine-tuning processes per node (more than one: DeepSpeed ZeRO, launched as pretraining is)
+    ft_nodes: int = 1           # nodes the fine-tuning job spans
+    ft_zero_stage: int = 0      # DeepSpeed ZeRO stage for fine-tuning (0 on one rank: no DeepSpeed)
+    ft_offload: bool = False    # ZeRO offload while fine-tuning: optimizer states (stage 1-3) and parameters (stage 3) in CPU memory
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
@@ -142,6 +146,12 @@ class Preset:
         for k in ("ft_fim_rate", "ft_spm_rate", "lora_dropout"):
             if not 0 <= getattr(self, k) <= 1: raise ValueError(f"{k} must be in [0, 1], got {getattr(self, k)}")
         if self.ft_steps < 1 or self.ft_batch < 1: raise ValueError("ft_steps and ft_batch must be at least 1")
+        if self.ft_ranks < 1 or self.ft_nodes < 1: raise ValueError("ft_ranks and ft_nodes must be at least 1")
+        if self.ft_zero_stage not in (0, 1, 2, 3): raise ValueError(f"ft_zero_stage must be 0-3, got {self.ft_zero_stage}")
+        if self.ft_offload and self.ft_zero_stage == 0: raise ValueError("ft_offload needs ft_zero_stage 1, 2 or 3")
+        if self.ft_batch % self.ft_world_size:
+            raise ValueError(f"ft_batch ({self.ft_batch}) is the batch of all {self.ft_world_size} fine-tuning ranks together and "
+                             f"must be divisible by their number: pick a multiple of {self.ft_world_size}")
         dpo_losses = {"sigmoid", "sigmoid_norm", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "apo_zero", "apo_down"}
         if not {t.strip() for t in self.dpo_loss.split(",")} <= dpo_losses:
             raise ValueError(f"dpo_loss must be one or more of {', '.join(sorted(dpo_losses))}, got {self.dpo_loss!r}")
@@ -149,6 +159,14 @@ class Preset:
 
     @property
     def world_size(self): return self.nodes * self.ranks
+
+    @property
+    def ft_world_size(self): return self.ft_nodes * self.ft_ranks
+
+    @property
+    def ft_deepspeed(self):
+        "Fine-tuning runs under DeepSpeed (in `ft_world_size` processes) when it spans several ranks or asks for ZeRO."
+        return self.ft_world_size > 1 or self.ft_zero_stage > 0
 
     @property
     def grad_accum(self):
@@ -179,7 +197,7 @@ PRESETS = {
                    ft_method="full", ft_steps=2000, ft_batch=16, ft_lr=2e-5, ft_max_len=2048, ft_ckpt_every=250, max_new_tokens=512),
     "7b-qlora": Preset(name="7b-qlora", precision="bf16", device="gpu", ft_method="qlora", ft_steps=1000, ft_batch=4, ft_lr=2e-4,
                        ft_max_len=2048, ft_ckpt_every=200, lora_r=64, lora_alpha=128, activation_checkpointing=True,
-                       eval_lines=64, max_new_tokens=512),  # fine-tunes a model you bring: codellm finetune --base PATH
+                       ft_zero_stage=3, ft_offload=True, eval_lines=64, max_new_tokens=512),  # fine-tunes a model you bring: codellm finetune --base PATH
     "smollm-135m": Preset(name="smollm-135m", max_files=0, max_file_bytes=1_000_000, vocab_size=49152, n_layers=30,
                           hidden=576, n_heads=9, n_kv_heads=3, ffn=1536, context=2048, tie_embeddings=True, seq_len=2048,
                           batch_seqs=512, micro_batch=8, nodes=4, ranks=8, steps=60_000, lr=3e-3, warmup=2000,

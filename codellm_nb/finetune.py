@@ -8,16 +8,16 @@ import ast, dataclasses, gc, hashlib, json, os, random, shutil
 from pathlib import Path
 from types import SimpleNamespace
 import torch
-from .core import (Preset, Timer, detect_device, get_logger, read_jsonl, read_manifest, resolve_precision,
-                             seed_everything, stage_dir, torch_dtype, write_manifest)
+from .core import (Preset, Timer, detect_device, get_logger, read_jsonl, read_manifest, resolve_precision, run_job,
+                             seed_everything, stage_dir, torch_dtype, write_job, write_manifest)
 from .sft import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, fim_parse, fim_split, record_code, sft_heldout, to_context_response
 
 # %% auto #0
 __all__ = ['ROLES', 'to_messages', 'load_sft', 'chat_prompt', 'end_of_turn', 'fim_text', 'encode', 'fim_examples', 'ast_depth',
            'difficulty', 'schedule', 'check_base', 'lora_config', 'load_base', 'check_vocab', 'memory_estimate',
-           'memory_table', 'available_gib', 'LocalClient', 'answer_loss', 'score_model', 'sft_sets', 'sft_args',
-           'sft_trainer', 'pair_messages', 'load_pairs', 'dpo_rows', 'split_pairs', 'dpo_args', 'dpo',
-           'load_checkpoint', 'export_best', 'finetune']
+           'memory_table', 'available_gib', 'LocalClient', 'answer_loss', 'score_model', 'sft_sets', 'ft_ds_config',
+           'sft_args', 'sft_trainer', 'pair_messages', 'load_pairs', 'dpo_rows', 'split_pairs', 'dpo_args', 'dpo',
+           'load_checkpoint', 'export_best', 'build_model', 'train_sft', 'main', 'finetune']
 
 # %% ../nbs/03_finetune.ipynb #99326945
 ROLES = ("system", "user", "assistant")
@@ -143,14 +143,20 @@ def load_base(base, method:str="lora", precision:str="fp32", device:str="cpu"):
     CPUs, whose bf16 is emulated on many); a 4-bit NF4 base (bitsandbytes) for QLoRA. Adapters are always fp32."""
     from transformers import AutoModelForCausalLM
     if method not in ("full", "lora", "qlora"): raise ValueError(f"ft_method must be full, lora or qlora, got {method!r}")
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    zero3 = is_deepspeed_zero3_enabled()  # DeepSpeed builds the model partitioned and places the partitions itself
     if method != "qlora":
-        half = method == "lora" and device == "cuda" and precision in ("bf16", "fp16")
-        return AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype(precision) if half else torch.float32).to(device)
+        half = method == "lora" and device.startswith("cuda") and precision in ("bf16", "fp16")
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype(precision) if half else torch.float32)
+        return model if zero3 else model.to(device)
     from peft import prepare_model_for_kbit_training
     from transformers import BitsAndBytesConfig
+    compute = torch.bfloat16 if precision == "bf16" else torch.float32
+    # under ZeRO-3 the 4-bit weights are stored in the model's dtype, so that DeepSpeed can shard them as it shards the rest
     q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                           bnb_4bit_compute_dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(base, quantization_config=q, device_map={"": device}, dtype=torch.float32)
+                           bnb_4bit_compute_dtype=compute, bnb_4bit_quant_storage=compute if zero3 else torch.uint8)
+    model = AutoModelForCausalLM.from_pretrained(base, quantization_config=q, dtype=compute if zero3 else torch.float32,
+                                                 **({} if zero3 else dict(device_map={"": device})))
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 def check_vocab(model, tok):
@@ -239,21 +245,34 @@ def score_model(model, tok, val:list[dict], lines:list[dict], context:int) -> di
 
 # %% ../nbs/03_finetune.ipynb #7c52cf80
 def sft_sets(path, tok, cfg:Preset) -> tuple[list, list, dict]:
-    "Encoded `(example, encoding)` training and held-out lists from an SFT file, and what was counted on the way."
+    """Encoded `(example, encoding)` lists from an SFT file: up to `ft_steps x ft_batch` training examples drawn at random (only
+    those are tokenized: the slow part), up to 200 held-out ones, and what was counted on the way."""
     exs, bad = load_sft(path)
     exs = exs + fim_examples(exs, cfg.ft_fim_rate, cfg.seed)
-    rng, train, val, too_long, spm = random.Random(cfg.seed), [], [], 0, 0
-    for ex in exs:
-        s = ex["kind"] == "fim" and rng.random() < cfg.ft_spm_rate
-        enc = encode(ex, tok, cfg.ft_max_len, spm=s)
-        if enc is None: too_long += 1; continue
-        spm += s
-        (val if sft_heldout(dict(input=ex["key"])) else train).append((ex, enc))
+    rng = random.Random(cfg.seed)
+    spm = [ex["kind"] == "fim" and rng.random() < cfg.ft_spm_rate for ex in exs]
+    held = [sft_heldout(dict(input=ex["key"])) for ex in exs]
+    pool = [i for i, h in enumerate(held) if not h]
+    too_long = 0
+    def first(idx, n):  # the first `n` examples of `idx` that fit: tokenizing is the slow part, so no more than needed
+        nonlocal too_long
+        out = []
+        for i in idx:
+            if len(out) == n: break
+            enc = encode(exs[i], tok, cfg.ft_max_len, spm=spm[i])
+            if enc is None: too_long += 1
+            else: out.append((i, enc))
+        return out
+    train = first(random.Random(cfg.seed).sample(pool, len(pool)), cfg.ft_steps * cfg.ft_batch)  # a random draw
+    n_spm = sum(spm[i] for i, _ in train)
+    train = [(exs[i], enc) for i, enc in train]
     if not train: raise ValueError(f"No SFT example of {path} fits ft_max_len={cfg.ft_max_len} outside the held-out split: raise ft_max_len or add data")
+    val = [(exs[i], enc) for i, enc in first([i for i, h in enumerate(held) if h], 200)]
     tasks = {}
     for ex, _ in train: tasks[ex["task"]] = tasks.get(ex["task"], 0) + 1
-    return train, val[:200], dict(records=len(exs), bad_lines=len(bad), skipped=bad[:20], too_long=too_long, spm=spm,
-                                  train_examples=len(train), val_examples=len(val[:200]), tasks=tasks)
+    return train, val, dict(records=len(exs), bad_lines=len(bad), skipped=bad[:20], too_long=too_long,
+                            spm=n_spm,
+                            train_pool=len(pool), train_examples=len(train), val_examples=len(val), tasks=tasks)
 
 def _report_to(out:Path, cfg:Preset) -> tuple[list, dict]:
     "Trainer integrations (TensorBoard, and MLflow when installed and on) and the environment MLflow's callback reads."
@@ -265,10 +284,24 @@ def _report_to(out:Path, cfg:Preset) -> tuple[list, dict]:
         env.update(MLFLOW_TRACKING_URI=(out / "mlruns").resolve().as_uri(), MLFLOW_ALLOW_FILE_STORE="true")
     return ["tensorboard", "mlflow"], env
 
+def ft_ds_config(cfg:Preset, precision:str) -> dict:
+    """Pretraining's DeepSpeed config with fine-tuning's ZeRO stage and offload; batch sizes, clipping and precision are
+    "auto" (the Trainer fills them in from its arguments), and the Trainer builds the optimizer and schedule it uses on one rank."""
+    from codellm_nb.pretrain import ds_config
+    c = ds_config(dataclasses.replace(cfg, zero_stage=cfg.ft_zero_stage, offload_optimizer=cfg.ft_offload,
+                                      offload_params=cfg.ft_offload and cfg.ft_zero_stage == 3), precision)
+    del c["optimizer"]
+    c.update(train_batch_size="auto", train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto",
+             gradient_clipping="auto", bf16={"enabled": "auto"}, fp16={"enabled": "auto"})
+    return c
+
 def sft_args(cfg:Preset, out:Path, precision:str, device:str, every:int, report_to:list, evaluate:bool=True):
-    "The `SFTConfig` of a preset: answer-only loss, optional packing, checkpoints and held-out loss every `every` steps."
+    """The `SFTConfig` of a preset: answer-only loss, optional packing, checkpoints and held-out loss every `every` steps;
+    `ft_batch` split over the ranks, under DeepSpeed when `cfg.ft_deepspeed`."""
     from trl import SFTConfig
-    return SFTConfig(output_dir=str(out / "checkpoints"), max_steps=cfg.ft_steps, per_device_train_batch_size=cfg.ft_batch,
+    quiet = bool(os.environ.get("TQDM_DISABLE") or os.environ.get("CODELLM_PROGRESS"))  # ranks report `@progress` lines
+    return SFTConfig(output_dir=str(out / "checkpoints"), max_steps=cfg.ft_steps,
+                     per_device_train_batch_size=cfg.ft_batch // cfg.ft_world_size, gradient_accumulation_steps=1,
                      learning_rate=cfg.ft_lr, lr_scheduler_type="cosine", warmup_steps=max(1, cfg.ft_steps // 10),
                      weight_decay=0.0, max_grad_norm=cfg.grad_clip, seed=cfg.seed, data_seed=cfg.seed,
                      bf16=precision == "bf16", use_cpu=device == "cpu", completion_only_loss=True, packing=cfg.ft_packing,
@@ -277,7 +310,8 @@ def sft_args(cfg:Preset, out:Path, precision:str, device:str, every:int, report_
                      eval_strategy="steps" if evaluate else "no", eval_steps=every, per_device_eval_batch_size=16,
                      include_num_input_tokens_seen="non_padding", report_to=report_to,
                      run_name=f"finetune-{cfg.name}", dataloader_num_workers=0,
-                     activation_checkpointing=cfg.activation_checkpointing, disable_tqdm=bool(os.environ.get("TQDM_DISABLE")))
+                     activation_checkpointing=cfg.activation_checkpointing, disable_tqdm=quiet,
+                     deepspeed=ft_ds_config(cfg, precision) if cfg.ft_deepspeed else None)
 
 def sft_trainer(model, tok, train:list, val:list, args):
     "TRL's `SFTTrainer` over encoded `(example, encoding)` pairs, in the order given; it turns `completion_mask` into labels."
@@ -287,7 +321,15 @@ def sft_trainer(model, tok, train:list, val:list, args):
     ds = lambda pairs: Dataset.from_list([e for _, e in pairs])
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds(train), eval_dataset=ds(val) if val else None, processing_class=tok)
     trainer.remove_callback(PrinterCallback)  # without a progress bar it prints every log line; they go to metrics.jsonl
+    if os.environ.get("CODELLM_PROGRESS"): trainer.add_callback(_Progress())
     return trainer
+
+from transformers import TrainerCallback
+class _Progress(TrainerCallback):
+    "Rank 0 prints `@progress STEP TOTAL LOSS` after each logged step, the line the launcher turns into a progress bar."
+    def on_log(self, args, state, control, logs=None, **kw):
+        if state.is_world_process_zero and logs and "loss" in logs:
+            print(f"@progress {state.global_step} {state.max_steps} {logs['loss']:.4f}", flush=True)
 
 # %% ../nbs/03_finetune.ipynb #88510e23
 def pair_messages(r:dict) -> list[dict]|None:
@@ -404,12 +446,54 @@ def export_best(base, best:Path, method:str, out:Path, tok) -> Path:
     model.save_pretrained(out / "merged"); tok.save_pretrained(out / "merged")
     return out / "merged"
 
-def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
-    "SFT (`cfg.ft_method`: full, LoRA or QLoRA) of the pretrained model, or `base` folder, on `<run_dir>/data/sft.jsonl` with TRL."
+def build_model(base, cfg:Preset, precision:str, device:str, tok):
+    "The model `cfg.ft_method` trains: the base (see `load_base`), checked against `tok`, with fresh LoRA adapters unless full SFT."
+    model = load_base(base, cfg.ft_method, precision, device)
+    check_vocab(model, tok)
+    if cfg.ft_method == "full": return model
+    from peft import get_peft_model
+    return get_peft_model(model, lora_config(cfg))
+
+def _every(cfg:Preset) -> int: return min(cfg.ft_ckpt_every or max(1, cfg.ft_steps // 4), cfg.ft_steps)
+
+def train_sft(run_dir, cfg:Preset, base, start=None) -> dict:
+    """SFT with TRL from checkpoint `start` (or from scratch) into `<run_dir>/finetune/checkpoints`: in this process, or
+    on every rank of a DeepSpeed job that `finetune` started. Returns (and rank 0 writes to `train.json`) the trainer's log."""
     from unittest import mock
     from transformers import AutoTokenizer
+    dev = detect_device(); device = "cuda" if dev["kind"] in ("cuda", "rocm") else "cpu"
+    if device == "cuda" and "LOCAL_RANK" in os.environ: device = f"cuda:{os.environ['LOCAL_RANK']}"  # a rank: its own GPU
+    precision, out = resolve_precision(cfg.precision, dev), stage_dir(run_dir, "finetune")
+    if cfg.ft_deepspeed:
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")  # before the model: ZeRO-3 builds it partitioned
+    seed_everything(cfg.seed)
+    tok = AutoTokenizer.from_pretrained(base)
+    if tok.pad_token is None: tok.pad_token = tok.eos_token
+    train, val, _ = sft_sets(Path(run_dir) / "data" / "sft.jsonl", tok, cfg)
+    report_to, env = _report_to(out, cfg)
+    with mock.patch.dict(os.environ, env):  # the integrations read their settings from the environment
+        args = sft_args(cfg, out, precision, device, _every(cfg), report_to, bool(val))  # first: it turns ZeRO-3 on for the load
+        trainer = sft_trainer(build_model(base, cfg, precision, device, tok), tok, schedule(train, cfg), val, args)
+        t = Timer()
+        with t("train"): res = trainer.train(resume_from_checkpoint=str(start) if start else None)
+    r = dict(log_history=trainer.state.log_history, tokens_seen=int(trainer.state.num_input_tokens_seen),
+             train_loss=res.training_loss, train_s=t.times["train"], world_size=args.world_size)
+    if trainer.is_world_process_zero(): (out / "train.json").write_text(json.dumps(r))
+    return r
+
+def main(argv=None):
+    "Entry point of one fine-tuning rank: `python -m codellm_nb.finetune JOB.json`, a job file `finetune` wrote."
+    run_job(train_sft, argv, "Fine-tune on one rank (started by torchrun)")
+
+def finetune(run_dir, cfg:Preset, base=None, resume:bool=False, node_rank:int=0,
+             master_addr:str="127.0.0.1", master_port:int=29518) -> dict:
+    """SFT (`cfg.ft_method`: full, LoRA or QLoRA) of the pretrained model, or `base` folder, on `<run_dir>/data/sft.jsonl` with
+    TRL, in this process or on `ft_nodes x ft_ranks` DeepSpeed ranks; then every checkpoint scored, the best exported, DPO."""
+    from transformers import AutoConfig, AutoTokenizer
     from codellm_nb.data import heldout_documents
     from codellm_nb.measure import line_tasks
+    from codellm_nb.pretrain import run_ranks
     if base is None:
         try: read_manifest(run_dir, "pretrain")
         except FileNotFoundError as e: raise FileNotFoundError(f"{e}; or fine-tune a model you have: --base PATH") from None
@@ -421,49 +505,50 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
         raise ValueError(f"The {cfg.name} preset is sized for GPUs and this machine has none: use --preset tiny or small here, "
                          "or --set device=any to try it on CPUs anyway")
     precision = resolve_precision(cfg.precision, dev)
-    from transformers import AutoConfig
-    est, free = memory_estimate(AutoConfig.from_pretrained(base), cfg, precision, device=device), available_gib(device)
-    log.info(f"finetune: {cfg.ft_method} needs about {est['device_gib']} GiB on the {device} ({free:.1f} GiB free)")
+    est = memory_estimate(AutoConfig.from_pretrained(base), cfg, precision, world=cfg.ft_world_size, zero_stage=cfg.ft_zero_stage,
+                          offload_optimizer=cfg.ft_offload, offload_params=cfg.ft_offload and cfg.ft_zero_stage == 3, device=device)
+    free = available_gib(device)
+    where = f"{cfg.ft_world_size} ranks, ZeRO-{cfg.ft_zero_stage}" if cfg.ft_deepspeed else "one process"
+    log.info(f"finetune: {cfg.ft_method} ({where}) needs about {est['device_gib']} GiB per {device} ({free:.1f} GiB free)")
     if est["device_gib"] > 0.9 * free:
         raise ValueError(f"Fine-tuning ({cfg.ft_method}, batch {cfg.ft_batch} x {cfg.ft_max_len} tokens) needs about {est['device_gib']} GiB "
                          f"on the {device} but {free:.1f} GiB is free: use ft_method=qlora (or lora), activation_checkpointing=true, "
-                         "or a smaller ft_batch / ft_max_len")
+                         "more ft_ranks with ft_zero_stage=3 (and ft_offload=true), or a smaller ft_batch / ft_max_len")
     out = stage_dir(run_dir, "finetune")
-    for old in ("adapter", "merged") if resume else ("checkpoints", "adapter", "merged"):  # an earlier run's, never mixed in
-        shutil.rmtree(out / old, ignore_errors=True)
+    if node_rank == 0:
+        for old in ("adapter", "merged") if resume else ("checkpoints", "adapter", "merged"):  # an earlier run's, never mixed in
+            shutil.rmtree(out / old, ignore_errors=True)
     done = [c for c in (out / "checkpoints").glob("checkpoint-*") if (c / "trainer_state.json").exists()]  # complete ones
     start = max(done, key=lambda c: int(c.name.split("-")[1])) if resume and done else None
     if resume and not start: log.warning(f"finetune: no complete checkpoint in {out / 'checkpoints'}: starting from step 0")
+    if cfg.ft_deepspeed:
+        job = write_job(out / f"job{node_rank}.json", run_dir=str(run_dir), cfg=cfg, base=str(base), start=str(start) if start else None)
+        with t("train"): run_ranks("codellm_nb.finetune", job, cfg.ft_nodes, cfg.ft_ranks, cfg.ft_steps, "finetune",
+                                   cfg.threads_per_rank, node_rank, master_addr, master_port, log.info)
+        if node_rank: return {}  # the first node scores, exports and runs DPO
+        r = json.loads((out / "train.json").read_text())
+    else:
+        with t("train"): r = train_sft(run_dir, cfg, base, start)
+    gc.collect()
     seed_everything(cfg.seed)
     tok = AutoTokenizer.from_pretrained(base)
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     train, val, counts = sft_sets(Path(run_dir) / "data" / "sft.jsonl", tok, cfg)
-    model = load_base(base, cfg.ft_method, precision, device)
-    check_vocab(model, tok)
-    peft = lora_config(cfg) if cfg.ft_method != "full" else None
-    if peft:
-        from peft import get_peft_model
-        model = get_peft_model(model, peft)
+    model = build_model(base, cfg, precision, device, tok).eval()  # fresh: the base (step 0), then each checkpoint's weights
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad); total = sum(p.numel() for p in model.parameters())
     lines = line_tasks(heldout_documents(Path(run_dir) / "data", cfg.val_frac), cfg.eval_lines) if cfg.eval_lines else []
     val_enc = [e for _, e in val]
-    with t("score_base"): table = [dict(step=0, **score_model(model, tok, val_enc, lines, cfg.context))]
-    every = min(cfg.ft_ckpt_every or max(1, cfg.ft_steps // 4), cfg.ft_steps)
-    report_to, env = _report_to(out, cfg)
-    with mock.patch.dict(os.environ, env):  # the integrations read their settings from the environment
-        trainer = sft_trainer(model, tok, schedule(train, cfg), val, sft_args(cfg, out, precision, device, every, report_to, bool(val)))
-        with t("train"): res = trainer.train(resume_from_checkpoint=str(start) if start else None)
     ckpts = sorted((out / "checkpoints").glob("checkpoint-*"), key=lambda d: int(d.name.split("-")[1]))
     with t("score_checkpoints"):
+        table = [dict(step=0, **score_model(model, tok, val_enc, lines, cfg.context))]
         for c in ckpts:
-            load_checkpoint(trainer.model, c)
-            table.append(dict(step=int(c.name.split("-")[1]), **score_model(trainer.model, tok, val_enc, lines, cfg.context)))
+            load_checkpoint(model, c)
+            table.append(dict(step=int(c.name.split("-")[1]), **score_model(model, tok, val_enc, lines, cfg.context)))
     metric = cfg.ft_select if lines or cfg.ft_select == "val_answer_loss" else "val_answer_loss"
     sign = -1 if metric == "val_answer_loss" else 1
     best = max(table[1:], key=lambda r: (sign * r[metric], -r["step"]))
-    for r in table: r["chosen"] = r is best
-    hist, seen = trainer.state.log_history, trainer.state.num_input_tokens_seen
-    del trainer, model; gc.collect()  # the training state goes before the export loads the base again
+    for row in table: row["chosen"] = row is best
+    del model; gc.collect()
     with t("export"): export_best(base, out / "checkpoints" / f"checkpoint-{best['step']}", cfg.ft_method, out, tok)
     stages, dpo_res = {"base": table[0], "sft": best}, None
     if cfg.dpo_steps:
@@ -475,19 +560,23 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False) -> dict:
                 m = AutoModelForCausalLM.from_pretrained(out / "dpo" / "merged", dtype=torch.float32).eval()
                 stages["dpo"] = score_model(m, tok, val_enc, lines, cfg.context)
     with open(out / "metrics.jsonl", "w") as f:
-        for h in hist:
+        for h in r["log_history"]:
             if "loss" in h or "eval_loss" in h: f.write(json.dumps({k: v for k, v in h.items() if isinstance(v, (int, float))}) + "\n")
-    metrics = dict(method=cfg.ft_method, precision=precision, device=device, memory_estimate_gib=est["device_gib"],
+    metrics = dict(method=cfg.ft_method, precision=precision, device=device, ranks=r["world_size"],
+                   zero_stage=cfg.ft_zero_stage if cfg.ft_deepspeed else None, memory_estimate_gib=est["device_gib"],
                    resumed_from=int(start.name.split("-")[1]) if start else 0, **{k: v for k, v in counts.items() if k != "skipped"},
                    trainable_params=trainable, trainable_pct=round(100 * trainable / total, 2), steps=cfg.ft_steps,
-                   train_loss=round(res.training_loss, 4), chosen_step=best["step"], selected_by=metric,
+                   train_loss=round(r["train_loss"], 4), chosen_step=best["step"], selected_by=metric,
                    **{f"{k}_before": v for k, v in table[0].items() if k not in ("step", "chosen")},
                    **{f"{k}_after": v for k, v in best.items() if k not in ("step", "chosen")},
-                   tokens_per_s=round(seen / t.times["train"], 1), wall_s=t.times["train"],
+                   tokens_per_s=round(r["tokens_seen"] / r["train_s"], 1), wall_s=t.times["train"],
                    **({f"dpo_{k}": v for k, v in dpo_res.items()} if dpo_res else {}))
-    stages = [dict(model=k, **{c: v for c, v in r.items() if c not in ("step", "chosen")}) for k, r in stages.items()]
+    stages = [dict(model=k, **{c: v for c, v in row.items() if c not in ("step", "chosen")}) for k, row in stages.items()]
     write_manifest(run_dir, "finetune", cfg, inputs={"base": str(base), "sft": "data/sft.jsonl"}, metrics=metrics,
                    selection=table, stages=stages, skipped_lines=counts["skipped"], timings=t.times)
     log.info(f"finetune ({cfg.ft_method}): answer loss {table[0]['val_answer_loss']} -> {best['val_answer_loss']}, chosen step {best['step']} by {metric}"
              + (f"; DPO reward accuracy {dpo_res['reward_accuracy_train']} (training pairs)" if dpo_res else ""))
     return metrics
+
+if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook
+

@@ -16,7 +16,7 @@ from .tokenizer import TokenLoader, load_tokens
 __all__ = ['model_config', 'count_params', 'lr_at', 'ds_config', 'rng_state', 'set_rng_state', 'checkpoint_problem',
            'find_checkpoint', 'save_checkpoint', 'flops_per_token', 'matmul_peak', 'param_groups', 'memory_mb',
            'mean_over_ranks', 'train_step', 'DataCursor', 'CheckpointClock', 'mlflow_run', 'Logbook', 'Speedometer',
-           'train', 'main', 'launch_pretrain']
+           'train', 'main', 'run_ranks', 'launch_pretrain']
 
 # %% ../nbs/02_pretrain.ipynb #828334d0
 def model_config(cfg:Preset, tok=None, vocab_size:int|None=None):
@@ -435,25 +435,19 @@ def main(argv=None):
     "Entry point of one training rank: `python -m codellm_nb.pretrain JOB.json`, a job file `launch_pretrain` wrote."
     run_job(train, argv, "Pretrain one rank (started by torchrun or deepspeed)")
 
-def launch_pretrain(run_dir, cfg:Preset, resume:bool=False, node_rank:int=0,
-                    master_addr:str="127.0.0.1", master_port:int=29517, echo=print) -> dict:
-    "Run `train` on `cfg.nodes x cfg.ranks` processes with torchrun; returns the pretrain metrics."
-    read_manifest(run_dir, "data")  # fail early, with the fix, if the data stage is missing
-    dev = detect_device()
-    if cfg.device == "gpu" and dev["kind"] == "cpu":
-        raise ValueError(f"The {cfg.name} preset is sized for GPUs ({cfg.nodes} nodes x {cfg.ranks} ranks) and this machine has "
-                         "none: use --preset tiny or small here, or --set device=any nodes=1 ranks=2 to run it on CPUs anyway")
-    resolve_precision(cfg.precision, dev)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={cfg.nodes}", f"--nproc_per_node={cfg.ranks}"]
-    cmd += ["--standalone"] if cfg.nodes == 1 else [f"--node_rank={node_rank}", f"--master_addr={master_addr}",
-                                                     f"--master_port={master_port}"]
-    job = write_job(stage_dir(run_dir, "pretrain") / "job.json", run_dir=str(run_dir), cfg=cfg, resume=resume)
-    cmd += ["-m", "codellm_nb.pretrain", str(job)]
+def run_ranks(module:str, job:Path, nodes:int, ranks:int, steps:int, desc:str, threads_per_rank:int=0, node_rank:int=0,
+              master_addr:str="127.0.0.1", master_port:int=29517, echo=print):
+    """Run `python -m module job` on this node's `ranks` processes of a `nodes x ranks` job with torchrun, showing the
+    `@progress STEP TOTAL LOSS` lines rank 0 prints as a progress bar; raises with the failing rank's error."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={ranks}"]
+    cmd += ["--standalone"] if nodes == 1 else [f"--node_rank={node_rank}", f"--master_addr={master_addr}",
+                                                f"--master_port={master_port}"]
+    cmd += ["-m", module, str(job)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", CODELLM_PROGRESS="1")
-    if dev["kind"] == "cpu": env["OMP_NUM_THREADS"] = str(cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.ranks))
+    if detect_device()["kind"] == "cpu": env["OMP_NUM_THREADS"] = str(threads_per_rank or max(1, (os.cpu_count() or 1) // ranks))
     from tqdm import tqdm
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p, \
-         tqdm(total=cfg.steps, desc="pretrain", unit="step", leave=False) as bar:
+         tqdm(total=steps, desc=desc, unit="step", leave=False) as bar:
         lines = []
         for line in p.stdout:
             if (m := re.match(r"@progress (\d+) \d+ (\S+)$", line.strip())):  # rank 0, once per step
@@ -463,8 +457,21 @@ def launch_pretrain(run_dir, cfg:Preset, resume:bool=False, node_rank:int=0,
             if re.search(r" (INFO|WARNING|ERROR) ", line) or "Error" in line: echo(line.rstrip())
     if p.returncode:
         cause = [l.strip() for l in lines if re.search(r"^(\[rank\d+\]: )?\w+(Error|Exception): ", l)]
-        raise RuntimeError(f"Pretraining failed (exit {p.returncode}): {cause[-1] if cause else 'see the output below'}\n"
+        raise RuntimeError(f"The {desc} ranks failed (exit {p.returncode}): {cause[-1] if cause else 'see the output below'}\n"
                            + "".join(lines[-30:]))
+
+def launch_pretrain(run_dir, cfg:Preset, resume:bool=False, node_rank:int=0,
+                    master_addr:str="127.0.0.1", master_port:int=29517, echo=print) -> dict:
+    "Run `train` on `cfg.nodes x cfg.ranks` processes with torchrun; returns the pretrain metrics."
+    read_manifest(run_dir, "data")  # fail early, with the fix, if the data stage is missing
+    dev = detect_device()
+    if cfg.device == "gpu" and dev["kind"] == "cpu":
+        raise ValueError(f"The {cfg.name} preset is sized for GPUs ({cfg.nodes} nodes x {cfg.ranks} ranks) and this machine has "
+                         "none: use --preset tiny or small here, or --set device=any nodes=1 ranks=2 to run it on CPUs anyway")
+    resolve_precision(cfg.precision, dev)
+    job = write_job(stage_dir(run_dir, "pretrain") / "job.json", run_dir=str(run_dir), cfg=cfg, resume=resume)
+    run_ranks("codellm_nb.pretrain", job, cfg.nodes, cfg.ranks, cfg.steps, "pretrain", cfg.threads_per_rank, node_rank,
+              master_addr, master_port, echo)
     return read_manifest(run_dir, "pretrain")["metrics"]
 
 if __name__ == "__main__" and "__file__" in globals(): main()  # as a script or `-m`, never inside a notebook

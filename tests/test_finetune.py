@@ -154,3 +154,35 @@ def test_a_fine_tune_resumes_from_its_checkpoint_to_the_same_weights(data_run, t
     again = load_file(d / "finetune" / "adapter" / "adapter_model.safetensors")
     assert whole.keys() == again.keys()
     for k in whole: torch.testing.assert_close(again[k], whole[k], atol=1e-6, rtol=1e-5)
+
+def test_full_sft_on_two_zero3_ranks_matches_one_rank(data_run, tmp_path, base):
+    """`ft_batch` split over two DeepSpeed ZeRO-3 ranks gives the losses and weights of one process with the whole batch. The
+    two halves of a batch hold different numbers of answer tokens, so averaging each rank's mean would give another loss:
+    the first step's loss is checked against both."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from codellm_nb.finetune import schedule, sft_sets
+    FS = dict(FT, ft_method="full", eval_lines=0, ft_ckpt_every=4, precision="fp32")
+    one, two = run_dir(data_run, tmp_path / "one"), run_dir(data_run, tmp_path / "two")
+    a = finetune(one, get_preset("tiny", **FS), base=base)
+    b = finetune(two, get_preset("tiny", **FS, ft_ranks=2, ft_zero_stage=3), base=base)
+    assert (a["ranks"], a["zero_stage"], b["ranks"], b["zero_stage"]) == (1, None, 2, 3)
+    losses = lambda d: [r["loss"] for r in map(json.loads, (d / "finetune" / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    la, lb = losses(one), losses(two)
+    assert len(la) == FS["ft_steps"] and lb == pytest.approx(la, rel=1e-5)
+    wa, wb = (load_file(d / "finetune" / "merged" / "model.safetensors") for d in (one, two))
+    assert wa.keys() == wb.keys()
+    for k in wa: torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
+    # the first step by hand: rank 0 takes the batch's first half, rank 1 the second
+    tok = AutoTokenizer.from_pretrained(base); model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    train, _, _ = sft_sets(one / "data" / "sft.jsonl", tok, get_preset("tiny", **FS))
+    sums, counts = [], []
+    for _, e in schedule(train, get_preset("tiny", **FS))[:FS["ft_batch"]]:
+        ids, mask = torch.tensor([e["input_ids"]]), torch.tensor(e["completion_mask"][1:], dtype=torch.bool)
+        with torch.no_grad(): nll = torch.nn.functional.cross_entropy(model(ids).logits[0, :-1], ids[0, 1:], reduction="none")
+        sums.append(nll[mask].sum().item()); counts.append(mask.sum().item())
+    half = FS["ft_batch"] // 2
+    whole = sum(sums) / sum(counts)
+    per_rank = (sum(sums[:half]) / sum(counts[:half]) + sum(sums[half:]) / sum(counts[half:])) / 2
+    assert sum(counts[:half]) != sum(counts[half:]) and abs(whole - per_rank) > 10 * 1e-5 * whole  # the two rules differ here
+    assert la[0] == pytest.approx(whole, rel=1e-5) and lb[0] == pytest.approx(whole, rel=1e-5)
