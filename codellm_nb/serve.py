@@ -319,14 +319,14 @@ def fim_prompt(tok, prefix:str, suffix:str) -> str:
 # %% ../nbs/05_serve.ipynb #224689c4
 def python_prefix(prompt:str) -> bool:
     "Whether `prompt` reads as the start of Python code: valid, or incomplete but not yet wrong."
-    code = prompt.split("|>", 1)[1] if prompt.startswith("<|lang=") else prompt
+    code = prompt.partition("|>")[2] if prompt.startswith("<|lang=") else prompt  # a tag cut short leaves no code
     if not code.strip(): return False
     try: codeop.compile_command(code + ("" if code.endswith("\n") else "\n"), symbol="exec"); return True
     except (SyntaxError, ValueError, OverflowError): return False
 
 def completes_python(prompt:str, completion:str, suffix:str="") -> bool:
     "Whether prompt + completion (+ suffix) parses as a whole Python module."
-    code = prompt.split("|>", 1)[1] if prompt.startswith("<|lang=") else prompt
+    code = prompt.partition("|>")[2] if prompt.startswith("<|lang=") else prompt  # a tag cut short leaves no code
     try: ast.parse(code + completion + suffix); return True
     except (SyntaxError, ValueError): return False
 
@@ -1027,17 +1027,17 @@ async def _supervise(self:ReplicaPool):
     while True:
         await asyncio.sleep(self.check_every)
         for r in self.replicas:
+            if r.down_since is not None: continue  # restarting: `_recovered` waits for it, and its misses start again at 0
             ok = r.alive()
             if ok:
                 try: ok = (await self.http.get(f"{r.url}/health", timeout=2)).status_code == 200
                 except (httpx.HTTPError, OSError): ok = False
                 misses[r.index] = 0 if ok else misses[r.index] + 1
                 if ok or misses[r.index] < 3: r.healthy = ok or r.healthy; continue
-            if r.down_since is None:  # newly down: restart it
-                r.healthy, r.down_since = False, time.monotonic()
-                get_logger().warning(f"replica {r.index} ({r.kind}) is down (exit code {r.proc.poll()}): restarting it")
-                r.stop(grace=2); r.restarts += 1; r.spawn(); misses[r.index] = 0
-                asyncio.create_task(self._recovered(r))
+            r.healthy, r.down_since = False, time.monotonic()  # down: restart it
+            get_logger().warning(f"replica {r.index} ({r.kind}) is down (exit code {r.proc.poll()}): restarting it")
+            r.stop(grace=2); r.restarts += 1; r.spawn(); misses[r.index] = 0
+            asyncio.create_task(self._recovered(r))
 
 @patch
 async def _recovered(self:ReplicaPool, r:Replica):
