@@ -186,7 +186,7 @@ def memory_estimate(config, cfg:Preset, precision:str="bf16", world:int=1, zero_
     if zero_stage >= 2: parts["gradients"] /= world
     if zero_stage >= 3: parts["weights"] /= world
     host = (parts.pop("optimizer") if offload_optimizer else 0) + (parts.pop("weights") if offload_params and zero_stage == 3 else 0)
-    s, b, h, L = cfg.ft_max_len, cfg.ft_batch, config.hidden_size, config.num_hidden_layers
+    s, b, h, L = cfg.ft_max_len, max(1, cfg.ft_batch // world), config.hidden_size, config.num_hidden_layers  # each rank's share
     layer = 34 * s * b * h * half / 2  # Korthikanti et al. (2022) per layer, no s x s scores (SDPA keeps none)
     parts["activations"] = (L * 2 * s * b * h * half / 2 + layer) if cfg.activation_checkpointing else L * layer
     parts["logits"] = s * b * config.vocab_size * (half + 8)  # the logits, their fp32 copy for the loss, and its gradient
@@ -509,9 +509,11 @@ def finetune(run_dir, cfg:Preset, base=None, resume:bool=False, node_rank:int=0,
                           offload_optimizer=cfg.ft_offload, offload_params=cfg.ft_offload and cfg.ft_zero_stage == 3, device=device)
     free = available_gib(device)
     where = f"{cfg.ft_world_size} ranks, ZeRO-{cfg.ft_zero_stage}" if cfg.ft_deepspeed else "one process"
-    log.info(f"finetune: {cfg.ft_method} ({where}) needs about {est['device_gib']} GiB per {device} ({free:.1f} GiB free)")
-    if est["device_gib"] > 0.9 * free:
-        raise ValueError(f"Fine-tuning ({cfg.ft_method}, batch {cfg.ft_batch} x {cfg.ft_max_len} tokens) needs about {est['device_gib']} GiB "
+    # a CPU node's ranks (and what they offload) all live in the one host memory; each GPU holds one rank
+    need = round(cfg.ft_ranks * (est["device_gib"] + est["host_gib"]), 2) if device == "cpu" else est["device_gib"]
+    log.info(f"finetune: {cfg.ft_method} ({where}) needs about {need} GiB of {device} memory ({free:.1f} GiB free)")
+    if need > 0.9 * free:
+        raise ValueError(f"Fine-tuning ({cfg.ft_method}, batch {cfg.ft_batch} x {cfg.ft_max_len} tokens) needs about {need} GiB "
                          f"on the {device} but {free:.1f} GiB is free: use ft_method=qlora (or lora), activation_checkpointing=true, "
                          "more ft_ranks with ft_zero_stage=3 (and ft_offload=true), or a smaller ft_batch / ft_max_len")
     out = stage_dir(run_dir, "finetune")

@@ -1,5 +1,6 @@
 "Fine-tuning with TRL on a small random Llama: LoRA, QLoRA and full SFT, packing, the served prompt, and bad bases."
 import json, math
+from unittest import mock
 from types import SimpleNamespace
 import pytest, torch
 from codellm_nb.core import get_preset, read_manifest
@@ -114,6 +115,16 @@ def test_bad_bases_and_data_stop_with_the_fix(data_run, tmp_path, base):
     with pytest.raises(FileNotFoundError, match="--base PATH"): finetune(d, cfg)  # no pretrained model in this run
     with pytest.raises(ValueError, match="sized for GPUs"): finetune(d, get_preset("7b-qlora"), base=base)
     with pytest.raises(ValueError, match="GiB is free: use ft_method=qlora"): finetune(d, get_preset("tiny", **{**FT, "ft_batch": 100_000}), base=base)
+    from transformers import AutoConfig
+    from codellm_nb import finetune as ft
+    big = {**FT, "ft_batch": 256, "ft_max_len": 512, "ft_steps": 1}  # logits large enough to count in GiB
+    four = get_preset("tiny", **{**big, "ft_ranks": 4, "ft_zero_stage": 3})
+    each = ft.memory_estimate(AutoConfig.from_pretrained(base), four, "fp32", world=4, zero_stage=3, device="cpu")
+    alone = ft.memory_estimate(AutoConfig.from_pretrained(base), get_preset("tiny", **big), "fp32", device="cpu")["device_gib"]
+    assert each["device_gib"] + each["host_gib"] < alone  # one of four ranks needs less than one process ...
+    free = 4 * (each["device_gib"] + each["host_gib"]) / 0.9 * 0.99  # ... but four of them, in one host's memory, do not fit
+    with mock.patch.object(ft, "available_gib", lambda device: free):
+        with pytest.raises(ValueError, match="GiB is free"): finetune(d, four, base=base)
     tok = AutoTokenizer.from_pretrained(base)
     small = tmp_path / "small"; LlamaForCausalLM(model_config(get_preset("tiny", hidden=64, ffn=128, n_layers=2), vocab_size=len(tok) - 8)).save_pretrained(small)
     tok.save_pretrained(small)
