@@ -3,9 +3,12 @@ import json, re
 from conftest import codellm
 
 def test_pipeline_end_to_end(tmp_path):
+    # The stages' wiring (papermill, parameters, manifests, the report), with the in-process engine: vLLM serving is run by
+    # the 05_serve and 06_eval lessons (serve_engine=auto) and tests/test_engines.py; here its four starts would cost minutes.
     run = tmp_path / "run"
     r = codellm("pipeline", "--run-dir", run, "--set", "max_files=120", "val_frac=0.1", "vocab_size=1024", "steps=20", "warmup=2",
-                "eval_every=10", "ft_steps=6", "dpo_steps=2", "eval_problems=4", "eval_lines=4", "max_new_tokens=32", timeout=1500)
+                "eval_every=10", "ft_steps=6", "dpo_steps=2", "eval_problems=4", "eval_lines=4", "max_new_tokens=32",
+                "serve_engine=transformers", timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for nb in ("01_data", "02_pretrain", "03_finetune", "04_quantize", "05_serve", "06_eval"):
         assert (run / "notebooks" / f"{nb}.ipynb").exists()
@@ -21,6 +24,7 @@ def test_pipeline_end_to_end(tmp_path):
     for m in ev.values():
         assert m["problems"] == 4 and m["official_agreement"] == 1.0 and 0 <= m["pass@1"] <= 1
         assert m["val_bits_per_byte"] > 0 and m["server_peak_mb"] > 0 and m["ttft_ms_p50"] > 0
+    assert json.loads((run / "serve" / "manifest.json").read_text())["metrics"]["engine"] == "transformers"  # the preset reached it
     assert (run / "eval" / "eval.png").stat().st_size > 1000 and "| pass@1 |" in (run / "eval" / "report.md").read_text()
 
 def test_pipeline_failure_names_the_notebook(tmp_path):
