@@ -69,15 +69,14 @@ def over_http(url, ps, max_tokens, clients, ttft:list|None=None) -> tuple[int, f
     return n, time.perf_counter() - t0
 
 def shaped_model(tok_dir, preset:str, out:Path) -> Path:
-    "A model of `preset`'s layers with random weights and `tok_dir`'s tokenizer and vocabulary, saved in `out` (reused)."
+    "A model of `preset`'s layers with random weights and `tok_dir`'s tokenizer and vocabulary, saved in `out` (a few seconds)."
     import torch
     from transformers import LlamaForCausalLM
     from codellm_nb.core import get_preset
     from codellm_nb.pretrain import model_config
     from codellm_nb.serve import load_tokenizer
-    if not (out / "config.json").exists():
-        tok = load_tokenizer(tok_dir); torch.manual_seed(0)
-        LlamaForCausalLM(model_config(get_preset(preset), tok)).save_pretrained(out); tok.save_pretrained(out)
+    tok = load_tokenizer(tok_dir); torch.manual_seed(0)
+    LlamaForCausalLM(model_config(get_preset(preset), tok)).save_pretrained(out); tok.save_pretrained(out)
     return out
 
 def roofline(model_dir) -> dict:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_quantize.ipynb #1f88e91b
 from __future__ import annotations
-import json, logging, shutil, time
+import json, logging, shutil, tempfile, time
 from pathlib import Path
 import numpy as np, torch
 from .core import Preset, get_logger, read_manifest, seed_everything, stage_dir, write_manifest
@@ -13,7 +13,7 @@ from .tokenizer import load_tokens
 logging.getLogger("torchao").setLevel(logging.ERROR)  # it reports optional GPU kernels it cannot load on a CPU
 
 # %% auto #0
-__all__ = ['METHODS', 'folder_mb', 'decode_speed', 'check_quantizable', 'quantize_model', 'quantize']
+__all__ = ['METHODS', 'folder_mb', 'decode_speed', 'check_quantizable', 'untied_copy', 'quantize_model', 'quantize']
 
 # %% ../nbs/04_quantize.ipynb #59915007
 def folder_mb(path) -> float:
@@ -64,6 +64,15 @@ def check_quantizable(model:torch.nn.Module, method:str, group:int) -> list[str]
                                  f"pass a group size that divides every layer's input width (e.g. group=32)")
     return list(linears)
 
+def untied_copy(src, dst) -> Path:
+    "An fp32 copy of model folder `src` whose output layer has its own copy of the (tied) input embedding matrix."
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    m.config.tie_word_embeddings = False
+    m.get_output_embeddings().weight = torch.nn.Parameter(m.get_input_embeddings().weight.detach().clone())
+    m.save_pretrained(dst)
+    return Path(dst)
+
 def quantize_model(src, dst, method:str="int8", embeddings:bool=False, group:int=32):
     """Write a `method` copy of HF model folder `src` to `dst` (linear layers; with `embeddings`, the input embedding and the
     output layer too) with torchao through `TorchAoConfig`, and the tokenizer; returns the quantized model."""
@@ -74,12 +83,15 @@ def quantize_model(src, dst, method:str="int8", embeddings:bool=False, group:int
     with torch.device("meta"): shell = AutoModelForCausalLM.from_config(mcfg)  # the layers' names and shapes, no memory used
     linears = check_quantizable(shell, method, group)
     lin, emb = _torchao_config(method, group)
-    if embeddings:  # every layer by name (the output layer is one of the linear layers), and the embedding table
-        name = next(n for n, m in shell.named_modules() if m is shell.get_input_embeddings())
-        qc = TorchAoConfig(FqnToConfig({**{n: lin for n in linears}, name: emb}), include_input_output_embeddings=True,
-                           untie_embedding_weights=bool(getattr(mcfg, "tie_word_embeddings", False)))  # untying an untied model breaks its head
-    else: qc = TorchAoConfig(lin)
-    q = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, quantization_config=qc)
+    qc = TorchAoConfig(lin)
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = src
+        if embeddings:  # every layer by name (the output layer is one of the linear layers), and the embedding table
+            name = next(n for n, m in shell.named_modules() if m is shell.get_input_embeddings())
+            qc = TorchAoConfig(FqnToConfig({**{n: lin for n in linears}, name: emb}), include_input_output_embeddings=True)
+            # one matrix used as a lookup table and as a layer is quantized as two (torchao cannot compare a tied pair)
+            if getattr(mcfg, "tie_word_embeddings", False): weights = untied_copy(src, tmp)
+        q = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32, quantization_config=qc)
     if Path(dst).exists(): shutil.rmtree(dst)
     q.save_pretrained(dst, safe_serialization=True)
     AutoTokenizer.from_pretrained(src).save_pretrained(dst)
