@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv vllm sandbox tools pipeline test export notebooks clean docs
+.PHONY: venv vllm llamacpp sandbox tools pipeline test export notebooks clean docs
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ venv: $(BIN)/.installed
 vllm:
 	bash scripts/vllm_env.sh
 
+# llama.cpp (the GGUF q8_0/q4_0 formats and the `llamacpp` serving engine): llama-cpp-python compiled for this CPU into
+# .venv (~4 min on 2 cores, once) and llama.cpp's Hugging Face -> GGUF converter into .tools/llama.cpp.
+llamacpp: venv
+	PY=$(BIN)/python bash scripts/llamacpp.sh
+
 # The evaluation sandbox mounts a private file system with bubblewrap (Debian/Ubuntu: bubblewrap); prlimit and
 # setpriv come with util-linux. As root they are installed here; otherwise the sandbox says what it lacks.
 sandbox:
@@ -32,17 +37,17 @@ sandbox:
 tools:
 	bash scripts/promtool.sh
 
-pipeline: venv vllm sandbox
+pipeline: venv vllm llamacpp sandbox
 	$(BIN)/codellm pipeline --preset $(PRESET) --run-dir $(RUN)
 
-test: venv vllm sandbox tools
+test: venv vllm llamacpp sandbox tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
 
 export: venv
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean
 
 # Re-run the notebooks in place (their stored outputs), e.g. after a change to what they show.
-notebooks: venv vllm sandbox
+notebooks: venv vllm llamacpp sandbox
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_notebooks.sh
 
 docs: venv

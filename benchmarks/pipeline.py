@@ -21,8 +21,8 @@ def figures(run:Path) -> dict:
                                     "val_bits_per_byte", "wall_s")},
         finetune={k: f[k] for k in ("method", "val_answer_loss_before", "val_answer_loss_after", "line_edit_sim_before",
                                     "line_edit_sim_after", "fim_edit_sim_before", "fim_edit_sim_after", "trainable_pct", "steps")},
-        quantize=dict(fp32_mb=q["fp32"]["size_mb"], int8_mb=q["int8"]["size_mb"], ppl_ratio=q["int8"]["ppl_ratio"],
-                      speed_ratio=q["int8"]["speed_ratio"]),
+        quantize=dict(served=m["quantize"].get("served"), models={n: {k: r.get(k) for k in ("engine", "size_mb", "size_ratio",
+                      "ppl_change_pct", "tokens_per_s", "speedup", "ttft_ms")} for n, r in q.items()}),
         serve=m["serve"]["metrics"],
         eval={name: {k: r.get(k) for k in ("problems", "pass@1", "syntax_valid", "official_agreement", "val_bits_per_byte")}
               for name, r in m["eval"]["compared"].items()},

@@ -32,9 +32,11 @@ def run_stage(stage:str, run_dir, preset:str="tiny", overrides:dict|None=None, *
     if stage == "quantize":
         from codellm_nb.quantize import quantize
         return quantize(run_dir, cfg)
-    if stage == "serve":
+    if stage == "serve":  # the model given, else the quantize stage's choice if it ran, else the fine-tuned model
         from codellm_nb.serve import serve_forever
-        return serve_forever(kw.get("model") or run_dir, host=kw.get("host", "127.0.0.1"), port=kw.get("port", 8000),
+        q = Path(run_dir) / "quantize" / "manifest.json"
+        model = kw.get("model") or (json.loads(q.read_text()).get("served_dir") if q.exists() else None) or run_dir
+        return serve_forever(model, host=kw.get("host", "127.0.0.1"), port=kw.get("port", 8000),
                              api_key=kw.get("api_key"), engine=cfg.serve_engine, replicas=cfg.serve_replicas,
                              tensor_parallel=cfg.serve_tensor_parallel)
     if stage == "eval":
@@ -120,13 +122,15 @@ def write_report(run_dir) -> Path:
         if f.get("selection"): out += ["\nCheckpoints scored on held-out data (step 0: the base model):\n", md_table(f["selection"])]
         if f.get("stages"): out += ["\nPretrained, SFT and DPO models on the held-out split:\n", md_table(f["stages"])]
     if (q := stage("quantize")):
-        out += ["## Quantization\n", md_table([{"model": r["model"], "size (MB)": r["size_mb"], "val perplexity": r["val_ppl"],
-                                                "decode tokens/s": r["decode_tokens_per_s"]} for r in q["table"]])]
+        out += [f"## Quantization (served: {q.get('served', 'fp32')})\n", md_table([{
+            "model": r["model"], "engine": r.get("engine", "transformers"), "size (MB)": r["size_mb"], "smaller": r.get("size_ratio"),
+            "val perplexity": r["val_ppl"], "decode tokens/s": r.get("tokens_per_s", r.get("decode_tokens_per_s")),
+            "time to first token (ms)": r.get("ttft_ms")} for r in q["table"]])]
     if (s := stage("serve")):
         out += ["## Serving\n", _table(s["metrics"])]
     if (e := stage("eval")):
         comp = e.get("compared") or {"model": e["metrics"]}
-        keys = [k for k in ("pass@1", "pass@10", "passed", "syntax_valid", "empty", "official_agreement", "line_em", "line_edit_sim", "fim_em", "fim_edit_sim", "val_bits_per_byte", "bleu4",
+        keys = [k for k in ("pass@1", "pass@10", "passed", "verdict_changes", "syntax_valid", "empty", "official_agreement", "line_em", "line_edit_sim", "fim_em", "fim_edit_sim", "val_bits_per_byte", "bleu4",
                             "rougeL", "ttft_ms_p50", "token_ms_p50", "token_ms_p99", "server_peak_mb") if k in next(iter(comp.values()))]
         out += [f"## Evaluation (HumanEval, {e['metrics']['problems']} problems)\n",
                 md_columns(comp, keys, label="metric")]

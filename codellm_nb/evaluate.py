@@ -252,13 +252,15 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     from codellm_nb.tokenizer import load_tokens
     docs = docstring_tasks(Path(run_dir) / "data" / "sft.jsonl") if run_dir else None
     lines = line_tasks(heldout_documents(Path(run_dir) / "data", cfg.val_frac), cfg.eval_lines) if run_dir and cfg.eval_lines else None
-    with start_server(model_dir, name=name, engine=cfg.serve_engine, replicas=cfg.serve_replicas) as url:
+    from codellm_nb.quantize import GGUFLogits, gguf_file
+    gguf = gguf_file(model_dir) is not None  # a llama.cpp folder from the quantize stage: served and scored by llama.cpp
+    with start_server(model_dir, name=name, engine="llamacpp" if gguf else cfg.serve_engine, replicas=cfg.serve_replicas) as url:
         m, checked = evaluate_endpoint(connect(url), name, cfg, problems, docs, lines)
         with urllib.request.urlopen(url.removesuffix("/v1") + "/health") as r: h = json.load(r)
         m["server_peak_mb"] = round(h["max_rss_mb"] + sum(r["rss_mb"] for r in h["replicas"]), 1)  # gateway peak + its engines
     if run_dir:
         tok = AutoTokenizer.from_pretrained(model_dir)
-        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        lm = GGUFLogits(model_dir, cfg.seq_len) if gguf else AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         h = heldout_metrics(lm, load_tokens(Path(run_dir) / "data", "val"), cfg.seq_len, tok)
         m.update(val_loss=round(h["loss"], 5), val_ppl=round(h["ppl"], 4), val_bits_per_byte=round(h["bits_per_byte"], 5))
     return m, checked
@@ -348,13 +350,17 @@ def run_eval(run_dir, cfg:Preset, base_url:str|None=None, model:str|None=None, a
         main = resolve_model(model or run_dir)  # a clear error if there is no model to serve
         models = {"finetuned": main}
         if compare_stages and not model:
-            for name, sub in (("pretrained", "pretrain/hf"), ("int8", "quantize/int8")):
-                if (Path(run_dir) / sub / "config.json").exists(): models[name] = Path(run_dir) / sub
+            if (Path(run_dir) / "pretrain/hf/config.json").exists(): models["pretrained"] = Path(run_dir) / "pretrain/hf"
+            q = Path(run_dir) / "quantize" / "manifest.json"  # the quantized model the quantize stage chose to serve
+            if q.exists() and (qm := json.loads(q.read_text())).get("served", "fp32") != "fp32": models[qm["served"]] = Path(qm["served_dir"])
+            elif (Path(run_dir) / "quantize/int8/config.json").exists(): models["int8"] = Path(run_dir) / "quantize/int8"
         results, checked = {}, None
         with t("evaluate"):
             for name, path in models.items():
                 results[name], c = evaluate_model(path, cfg, problems, run_dir, name)
                 checked = checked or c
+                # HumanEval verdicts that differ from the first model's, sample by sample (what quantizing, say, changed)
+                results[name]["verdict_changes"] = sum(a["passed"] != b["passed"] for a, b in zip(checked, c))
     out = stage_dir(run_dir, "eval")
     write_eval_report(out, results, checked)
     main_name = next(iter(results))

@@ -6,14 +6,14 @@
 __all__ = ['NOT_IMPLEMENTED', 'DEFAULT_CHAT_TEMPLATE', 'MESSAGES_SCHEMA', 'cut_at_stop', 'safe_prefix_len', 'StopWatch',
            'peak_rss_mb', 'BadRequest', 'check_text', 'check_request', 'EngineError', 'collect', 'count_tokens',
            'load_tokenizer', 'TransformersEngine', 'merge_adapter', 'adapter_rank', 'parse_adapters', 'fim_prompt',
-           'python_prefix', 'completes_python', 'fit_prompt', 'ngram_proposal', 'speculative_rounds', 'load_draft',
-           'shallow_draft', 'distill_draft', 'Limits', 'memory_used_ratio', 'gateway_metrics', 'request_models',
-           'chat_messages', 'Gateway', 'timed_out', 'Guard', 'make_app', 'free_port', 'vllm_python', 'vllm_supported',
-           'engine_command', 'Replica', 'ReplicaPool', 'resolve_model', 'resolve_engine', 'build_engine',
-           'serve_forever', 'start_server', 'main']
+           'python_prefix', 'completes_python', 'fit_prompt', 'LlamaCppEngine', 'ngram_proposal', 'speculative_rounds',
+           'load_draft', 'shallow_draft', 'distill_draft', 'Limits', 'memory_used_ratio', 'gateway_metrics',
+           'request_models', 'chat_messages', 'Gateway', 'timed_out', 'Guard', 'make_app', 'free_port', 'vllm_python',
+           'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model', 'resolve_engine',
+           'build_engine', 'serve_forever', 'start_server', 'main']
 
 # %% ../nbs/05_serve.ipynb #3f978c00
-import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, resource, signal, socket, subprocess, sys, tempfile, threading, time, uuid
+import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, random, resource, signal, socket, subprocess, sys, tempfile, threading, time, uuid
 from pathlib import Path
 from fastcore.basics import patch
 from .core import detect_device, get_logger, read_manifest, set_threads
@@ -344,6 +344,65 @@ def fit_prompt(tok, prompt:str, budget:int, header_frac:float=0.25) -> tuple[str
     while len(tok(out, add_special_tokens=False).input_ids) > budget and tail:  # re-tokenising may merge differently
         tail = tail[max(1, len(tail) // 50):]; out = head + tail
     return out, len(ids) - len(tok(out, add_special_tokens=False).input_ids)
+
+# %% ../nbs/05_serve.ipynb #1660d9b5
+class LlamaCppEngine:
+    "A GGUF model folder (`quantize.to_gguf`) on llama.cpp's quantized CPU kernels, fed token ids by our tokenizer; one sequence at a time."
+    kind = "llamacpp"
+    def __init__(self, model_dir, name:str|None=None, threads:int|None=None, **_):
+        from llama_cpp import Llama
+        from codellm_nb.quantize import gguf_file
+        if (path := gguf_file(model_dir)) is None:
+            raise FileNotFoundError(f"{model_dir} has no .gguf file: write one with `codellm_nb.quantize.to_gguf` (the quantize "
+                                    "stage writes <run>/quantize/q8_0 and q4_0), or serve a Hugging Face folder with engine=auto")
+        self.tok, self.name, self.adapters = load_tokenizer(model_dir), name or Path(model_dir).name, {}
+        self.models, self.eos = [self.name], self.tok.eos_token_id
+        self.context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
+        threads = threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or len(os.sched_getaffinity(0))
+        self.llm = Llama(str(path), n_ctx=self.context, n_batch=min(512, self.context), n_threads=threads, verbose=False)
+        self._lock, self.served = threading.Lock(), 0
+
+    def chat_prompt(self, messages:list[dict]) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def count(self, text:str) -> int: return count_tokens(self.tok, text)
+
+    def _tokens(self, ids, budget, temperature, top_p, seed, emit, cancel):
+        "In a worker thread: `emit` each generated token id until EOS, `budget` or `cancel`."
+        with self._lock:  # one sequence at a time: llama.cpp's context keeps one KV cache (it reuses a shared prompt prefix)
+            self.llm.set_seed(seed if seed is not None else random.getrandbits(31))
+            n = 0
+            for t in self.llm.generate(ids, temp=float(temperature), top_p=float(top_p), top_k=0, min_p=0.0, repeat_penalty=1.0):
+                emit(t); n += 1
+                if t == self.eos or n >= budget or cancel.is_set(): break
+            self.served += 1
+
+    async def stream(self, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None, model=None):
+        "Yield text deltas of a completion, then a dict with the finish reason and token counts."
+        ids = self.tok(prompt, add_special_tokens=False).input_ids
+        if len(ids) >= self.context: raise ValueError(f"The prompt has {len(ids)} tokens; this model's context is {self.context}")
+        budget, loop, q, cancel = min(max_tokens, self.context - len(ids)), asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
+        def work():
+            try: self._tokens(ids, budget, temperature, top_p, seed, lambda t: loop.call_soon_threadsafe(q.put_nowait, t), cancel)
+            except Exception as e: loop.call_soon_threadsafe(q.put_nowait, EngineError(f"llama.cpp failed: {e}"))
+            loop.call_soon_threadsafe(q.put_nowait, None)
+        done, watch, out = loop.run_in_executor(None, work), StopWatch(stop), []
+        try:
+            while (t := await q.get()) is not None:
+                if isinstance(t, Exception): raise t
+                out.append(t)
+                if (d := watch.update(self.tok.decode(out, skip_special_tokens=True))): yield d
+                if watch.stopped: break
+        finally: cancel.set()
+        await done
+        if not watch.stopped and (d := watch.flush(self.tok.decode(out, skip_special_tokens=True))): yield d
+        eos = bool(out) and out[-1] == self.eos
+        yield dict(finish_reason="stop" if watch.stopped or eos else "length", prompt_tokens=len(ids), completion_tokens=len(out))
+
+    def ready(self) -> bool: return True
+    def health(self) -> dict:
+        return dict(engine=self.kind, replicas=[dict(index=0, healthy=True, restarts=0, inflight=None, pid=os.getpid(), rss_mb=0.0)],
+                    failovers=0, recoveries_s=[], served=self.served)
+    def close(self): self.llm.close()
 
 # %% ../nbs/05_serve.ipynb #5bec0002
 def ngram_proposal(seq:list[int], k:int, max_n:int=4, min_n:int=2) -> list[int]:
@@ -817,11 +876,11 @@ def engine_command(kind:str, model_dir, name:str, port:int, threads:int=1, tenso
                     str(next(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)),
                     "--lora-modules", *(f"{n}={Path(a).resolve()}" for n, a in adapters.items())]
         return cmd, env
-    if kind == "transformers":
-        return [sys.executable, "-m", "codellm_nb.serve", "--replica", "--model", str(model_dir), "--name", name,
+    if kind in ("transformers", "llamacpp"):  # our own replica: the gateway in front of one in-process engine
+        return [sys.executable, "-m", "codellm_nb.serve", "--replica", "--engine", kind, "--model", str(model_dir), "--name", name,
                 "--port", str(port), "--max-seqs", str(max_seqs), *(x for n, a in (adapters or {}).items() for x in ("--lora", f"{n}={a}")),
                 *(["--draft", str(draft), "--spec-tokens", str(spec_tokens)] if draft is not None else [])], env
-    raise ValueError(f"Unknown engine {kind!r}: use vllm or transformers")
+    raise ValueError(f"Unknown engine {kind!r}: use vllm, transformers or llamacpp")
 
 def _die_with_parent():
     "In a child, before exec: ask Linux to send SIGTERM when the gateway dies, even by SIGKILL (no orphaned engines)."
@@ -1055,8 +1114,16 @@ def resolve_model(model_or_run) -> Path:
     return p / "finetune" / "merged"
 
 def resolve_engine(engine:str, model_dir) -> str:
-    "`auto` → vLLM where it is installed and can run this model, else transformers; `vllm` refuses with the reason."
-    if engine not in ("auto", "vllm", "transformers"): raise ValueError(f"engine={engine!r}: use auto, vllm or transformers")
+    """`auto` → llama.cpp for a GGUF folder, else vLLM where it is installed and can run this model, else transformers;
+    `vllm` refuses with the reason, and an engine that cannot read the folder's format refuses with the one that can."""
+    if engine not in ("auto", "vllm", "transformers", "llamacpp"):
+        raise ValueError(f"engine={engine!r}: use auto, vllm, transformers or llamacpp")
+    gguf = any(Path(model_dir).glob("*.gguf"))
+    if engine != "auto" and gguf != (engine == "llamacpp"):
+        raise ValueError(f"engine={engine} cannot serve {model_dir}: " + (
+            "it holds GGUF weights, which llama.cpp serves: use engine=llamacpp or auto" if gguf else
+            "engine=llamacpp serves GGUF folders (written by quantize.to_gguf); use auto, vllm or transformers for this one"))
+    if gguf: return "llamacpp"
     if engine == "transformers": return engine
     try: why = vllm_supported(model_dir) or (vllm_python() and None)
     except FileNotFoundError as e: why = str(e)
@@ -1067,6 +1134,7 @@ def resolve_engine(engine:str, model_dir) -> str:
 def build_engine(model_dir, engine:str="auto", replicas:int=0, name:str|None=None, threads:int=1, **kw):
     "The engine to put behind the gateway: transformers in this process (replicas=0), or a pool of replica processes."
     kind = resolve_engine(engine, model_dir)
+    if kind == "llamacpp" and replicas == 0: return LlamaCppEngine(model_dir, name=name, threads=threads)
     if kind == "transformers" and replicas == 0:
         return TransformersEngine(model_dir, name=name, **{k: v for k, v in kw.items() if k in ("max_seqs", "adapters", "draft", "spec_tokens")})
     return ReplicaPool(model_dir, kind, max(1, replicas), name=name, threads=threads, **kw)
@@ -1081,7 +1149,9 @@ def serve_forever(model_or_run, host:str="127.0.0.1", port:int=8000, api_key:str
     if (name or path.name) in (adapters or {}):
         raise ValueError(f"--lora {name or path.name}=...: the base model is served under that name; give the adapter another name")
     spec = dict(draft=draft, spec_tokens=spec_tokens) if draft else {}
-    eng = TransformersEngine(path, name=name, max_seqs=max_seqs, adapters=adapters, **spec) if replica else \
+    if replica and engine == "llamacpp": eng = LlamaCppEngine(path, name=name, threads=threads)
+    elif replica: eng = TransformersEngine(path, name=name, max_seqs=max_seqs, adapters=adapters, **spec)
+    else: eng = \
           build_engine(path, engine, replicas, name or path.name, threads, tensor_parallel=tensor_parallel, max_seqs=max_seqs,
                        adapters=adapters, **spec)
     app = make_app(eng, api_key=api_key, limits=Limits(python_retries=0) if replica else limits)
@@ -1128,12 +1198,12 @@ def start_server(model_or_run, api_key:str|None=None, name:str|None=None, port:i
         log.close(); Path(log.name).unlink(missing_ok=True)
 
 def main(argv=None):
-    "`python -m codellm_nb.serve --model DIR [--engine auto|vllm|transformers] [--replicas N] [--port P] [--api-key K]`"
+    "`python -m codellm_nb.serve --model DIR [--engine auto|vllm|transformers|llamacpp] [--replicas N] [--port P] [--api-key K]`"
     ap = argparse.ArgumentParser(description="OpenAI-compatible gateway over engine replicas for a model folder")
     ap.add_argument("--model", required=True, help="model folder or run directory")
     ap.add_argument("--host", default="127.0.0.1"); ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=None); ap.add_argument("--name", default=None)
-    ap.add_argument("--engine", default="auto", choices=["auto", "vllm", "transformers"])
+    ap.add_argument("--engine", default="auto", choices=["auto", "vllm", "transformers", "llamacpp"])
     ap.add_argument("--replicas", type=int, default=0, help="engine processes (0: transformers in the gateway's own process)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per engine")
     ap.add_argument("--max-seqs", type=int, default=32, help="sequences an engine batches at once")

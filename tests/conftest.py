@@ -17,3 +17,17 @@ def data_run(tmp_path_factory):
     r = codellm("data", "--run-dir", d, "--set", "max_files=120", "vocab_size=1024")
     assert r.returncode == 0, r.stderr[-3000:]
     return d
+
+def tiny_llama(d:Path) -> Path:
+    """A random tiny Llama with the project's tokenizer in folder `d`: head size 32 (which vLLM's CPU attention supports),
+    every layer's width a multiple of 32 (llama.cpp's and torchao's groups)."""
+    import sysconfig, torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from codellm_nb.tokenizer import train_tokenizer
+    texts = [p.read_text() for p in sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))]
+    tok = train_tokenizer(texts, 600, d)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)).save_pretrained(d)
+    return d

@@ -1,10 +1,11 @@
 """The engines behind the gateway, for real: transformers continuous batching in-process, replica processes with
 failover (kill -9 under load), and vLLM in its own environment (`make vllm`)."""
-import json, os, signal, sysconfig, threading, time, urllib.request
+import json, os, signal, threading, time, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import openai, pytest, torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
+from transformers import AutoModelForCausalLM
 from codellm_nb.serve import TransformersEngine, start_server, vllm_python
 from codellm_nb.tokenizer import train_tokenizer
 
@@ -12,15 +13,8 @@ PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(se
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    "A random tiny Llama with the project's tokenizer; head size 32, which vLLM's CPU attention supports."
-    d = tmp_path_factory.mktemp("model")
-    texts = [p.read_text() for p in sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))]
-    tok = train_tokenizer(texts, 600, d)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)).save_pretrained(d)
-    return d
+    "A random tiny Llama with the project's tokenizer (see `conftest.tiny_llama`)."
+    return tiny_llama(tmp_path_factory.mktemp("model"))
 
 def test_continuous_batching_gives_plain_greedy_decoding_token_for_token(model):
     "Six prompts of different lengths decoded together, with different budgets and sampled requests alongside: each equals `generate` run alone."

@@ -20,7 +20,11 @@ def test_pipeline_end_to_end(tmp_path):
     val = float(re.search(r"\| val loss \| ([\d.]+) \|", report).group(1))
     assert 0 < val < 10
     ev = json.loads((run / "eval" / "results.json").read_text())
-    assert list(ev) == ["finetuned", "pretrained", "int8"]  # the stages' models, compared on the same problems
+    q = json.loads((run / "quantize" / "manifest.json").read_text())
+    assert q["served"] in {r["model"] for r in q["table"]} and {"fp32", "int8", "f32", "q8_0", "q4_0"} == {r["model"] for r in q["table"]}
+    # the stages' models, compared on the same problems: the quantized one is the one the quantize stage chose to serve
+    assert list(ev) == ["finetuned", "pretrained", q["served"] if q["served"] != "fp32" else "int8"]
+    assert ev["finetuned"]["verdict_changes"] == 0 and all(m["verdict_changes"] >= 0 for m in ev.values())
     for m in ev.values():
         assert m["problems"] == 4 and m["official_agreement"] == 1.0 and 0 <= m["pass@1"] <= 1
         assert m["val_bits_per_byte"] > 0 and m["server_peak_mb"] > 0 and m["ttft_ms_p50"] > 0

@@ -1,0 +1,64 @@
+"""Quantized models, for real: llama.cpp GGUF (`make llamacpp`) against transformers token for token, and every
+quantization method's folder reloaded from disk into the gateway, answering through the OpenAI API."""
+import asyncio
+import openai, pytest, torch
+from conftest import tiny_llama
+from transformers import AutoModelForCausalLM
+from codellm_nb.quantize import METHODS, quantize_model, to_gguf
+from codellm_nb.serve import LlamaCppEngine, collect, resolve_engine, start_server
+
+PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(self", "for i in range(", "x = {", "\n"]
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    "A random tiny Llama with the project's tokenizer (see `conftest.tiny_llama`)."
+    return tiny_llama(tmp_path_factory.mktemp("model"))
+
+def greedy(model_dir, tok, prompt, n):
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+def test_llama_cpp_f32_gives_transformers_greedy_text_and_q8_0_stays_close(model, tmp_path):
+    eng = LlamaCppEngine(to_gguf(model, tmp_path / "f32", "f32"))
+    try:
+        for p in PROMPTS:  # same weights, another engine: the same 24 greedy tokens
+            text, fin = asyncio.run(collect(eng.stream(p, max_tokens=24)))
+            assert text == greedy(model, eng.tok, p, 24), p
+            assert fin["prompt_tokens"] == len(eng.tok(p, add_special_tokens=False).input_ids) and fin["completion_tokens"] >= 1
+        free = asyncio.run(collect(eng.stream("def f(", max_tokens=40)))[0]
+        stop = free[5:7]
+        cut, fin = asyncio.run(collect(eng.stream("def f(", max_tokens=40, stop=[stop])))
+        assert cut == free[:free.index(stop)] and fin["finish_reason"] == "stop"
+        sample = lambda s: asyncio.run(collect(eng.stream("def f(", max_tokens=24, temperature=1.0, top_p=0.9, seed=s)))[0]
+        assert sample(7) == sample(7) != sample(8)
+    finally: eng.close()
+    q8 = LlamaCppEngine(to_gguf(model, tmp_path / "q8_0", "q8_0"))
+    try: same = sum(asyncio.run(collect(q8.stream(p, max_tokens=16)))[0] == greedy(model, q8.tok, p, 16) for p in PROMPTS)
+    finally: q8.close()
+    assert same >= 3, same  # 8-bit blocks: most greedy continuations of a random model survive
+
+def test_engines_refuse_a_format_they_cannot_read(model, tmp_path):
+    g = to_gguf(model, tmp_path / "q4_0", "q4_0")
+    assert resolve_engine("auto", g) == "llamacpp" and resolve_engine("llamacpp", g) == "llamacpp"
+    for e in ("vllm", "transformers"):
+        with pytest.raises(ValueError, match="use engine=llamacpp or auto"): resolve_engine(e, g)
+    with pytest.raises(ValueError, match="engine=llamacpp serves GGUF folders"): resolve_engine("llamacpp", model)
+    with pytest.raises(FileNotFoundError, match="has no .gguf file"): LlamaCppEngine(model)
+
+@pytest.mark.parametrize("method", [*METHODS, "q8_0", "q4_0"])
+def test_every_quantized_model_reloads_and_answers_through_the_openai_api(model, tmp_path, method):
+    "Written to disk, reloaded by the gateway's engine (llama.cpp for GGUF, transformers for torchao), asked over HTTP."
+    d = tmp_path / method
+    if method in METHODS: quantize_model(model, d, method, embeddings=True)
+    else: to_gguf(model, d, method)
+    with start_server(d, name="q", engine="auto" if method not in METHODS else "transformers", replicas=1 if method not in METHODS else 0) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        r = client.completions.create(model="q", prompt=PROMPTS[0], max_tokens=12, temperature=0)
+        assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
+        streamed = "".join(c.choices[0].text for c in client.completions.create(model="q", prompt=PROMPTS[0], max_tokens=12,
+                                                                                 temperature=0, stream=True) if c.choices)
+        assert streamed == r.choices[0].text
+        chat = client.chat.completions.create(model="q", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
+        assert chat.choices[0].message.role == "assistant"
