@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv vllm llamacpp sandbox tools pipeline test export notebooks clean docs
+.PHONY: venv vllm llamacpp engines sandbox tools pipeline test export notebooks clean docs
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ vllm:
 llamacpp: venv
 	PY=$(BIN)/python bash scripts/llamacpp.sh
 
+# Both, side by side: vLLM's environment is mostly downloading and unpacking, llama.cpp's build is compiling, so a fresh
+# machine's setup takes about the longer of the two instead of their sum.
+engines: venv
+	@bash scripts/vllm_env.sh & v=$$!; PY=$(BIN)/python bash scripts/llamacpp.sh; l=$$?; wait $$v; v=$$?; \
+	  [ $$l = 0 ] || echo "make engines: llama.cpp's build failed (see above)"; [ $$v = 0 ] || echo "make engines: vLLM's environment failed (see above)"; \
+	  [ $$l = 0 ] && [ $$v = 0 ]
+
 # The evaluation sandbox mounts a private file system with bubblewrap (Debian/Ubuntu: bubblewrap); prlimit and
 # setpriv come with util-linux. As root they are installed here; otherwise the sandbox says what it lacks.
 sandbox:
@@ -37,17 +44,17 @@ sandbox:
 tools:
 	bash scripts/promtool.sh
 
-pipeline: venv vllm llamacpp sandbox
+pipeline: venv engines sandbox
 	$(BIN)/codellm pipeline --preset $(PRESET) --run-dir $(RUN)
 
-test: venv vllm llamacpp sandbox tools
+test: venv engines sandbox tools
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
 
 export: venv
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean
 
 # Re-run the notebooks in place (their stored outputs), e.g. after a change to what they show.
-notebooks: venv vllm llamacpp sandbox
+notebooks: venv engines sandbox
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_notebooks.sh
 
 docs: venv
