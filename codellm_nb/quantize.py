@@ -15,9 +15,9 @@ from tqdm.auto import tqdm
 logging.getLogger("torchao").setLevel(logging.ERROR)  # it reports optional GPU kernels it cannot load on a CPU
 
 # %% auto #0
-__all__ = ['METHODS', 'GGUF_TYPES', 'folder_mb', 'check_quantizable', 'untied_copy', 'quantize_model', 'llama_cpp_tools',
-           'gguf_file', 'to_gguf', 'GGUFLogits', 'hf_speed', 'gguf_speed', 'serving_choice', 'quant_methods',
-           'quantize']
+__all__ = ['METHODS', 'GGUF_TYPES', 'folder_mb', 'check_quantizable', 'fresh_folder', 'untied_copy', 'quantize_model',
+           'llama_cpp_tools', 'gguf_file', 'to_gguf', 'GGUFLogits', 'hf_speed', 'gguf_speed', 'serving_choice',
+           'quant_methods', 'quantize']
 
 # %% ../nbs/04_quantize.ipynb #59915007
 def folder_mb(path) -> float:
@@ -60,6 +60,16 @@ def check_quantizable(model:torch.nn.Module, method:str, group:int) -> list[str]
                                  f"pass a group size that divides every layer's input width (e.g. group=32)")
     return list(linears)
 
+def fresh_folder(dst, src) -> Path:
+    "Empty folder `dst` for a copy of model folder `src`, refusing a `dst` that is or holds `src` (it would be deleted)."
+    dst, s = Path(dst).resolve(), Path(src).resolve()
+    if dst == s or dst in s.parents:
+        raise ValueError(f"The output folder {dst} is or contains the model folder {s}, which writing it would delete: "
+                         "pass a new folder, e.g. <run>/quantize/<method>")
+    if dst.exists(): shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    return dst
+
 def untied_copy(src, dst) -> Path:
     "An fp32 copy of model folder `src` whose output layer has its own copy of the (tied) input embedding matrix."
     from transformers import AutoModelForCausalLM
@@ -88,8 +98,7 @@ def quantize_model(src, dst, method:str="int8", embeddings:bool=False, group:int
             # one matrix used as a lookup table and as a layer is quantized as two (torchao cannot compare a tied pair)
             if getattr(mcfg, "tie_word_embeddings", False): weights = untied_copy(src, tmp)
         q = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32, quantization_config=qc)
-    if Path(dst).exists(): shutil.rmtree(dst)
-    q.save_pretrained(dst, safe_serialization=True)
+    q.save_pretrained(fresh_folder(dst, src), safe_serialization=True)
     AutoTokenizer.from_pretrained(src).save_pretrained(dst)
     return q
 
@@ -142,9 +151,7 @@ def to_gguf(src, dst, kind:str="q8_0", threads:int|None=None) -> Path:
     tools = llama_cpp_tools()
     with torch.device("meta"): shell = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src))
     if kind != "f32": check_quantizable(shell, "int4", 32)  # llama.cpp's blocks of 32 weights must tile every row
-    dst = Path(dst)
-    if dst.exists(): shutil.rmtree(dst)
-    dst.mkdir(parents=True)
+    dst = fresh_folder(dst, src)
     code = f"from codellm_nb.quantize import _gguf_child; _gguf_child(*{[str(tools), str(Path(src).resolve()), str(dst.resolve() / 'model.gguf'), kind]!r}, {threads or torch.get_num_threads()})"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if r.returncode != 0:
