@@ -125,7 +125,10 @@ def write_report(run_dir) -> Path:
         out += [f"## Quantization (served: {q.get('served', 'fp32')})\n", md_table([{
             "model": r["model"], "engine": r.get("engine", "transformers"), "size (MB)": r["size_mb"], "smaller": r.get("size_ratio"),
             "val perplexity": r["val_ppl"], "decode tokens/s": r.get("tokens_per_s", r.get("decode_tokens_per_s")),
-            "time to first token (ms)": r.get("ttft_ms")} for r in q["table"]])]
+            "batch-8 tokens/s": r.get("tokens_per_s_batch"), "time to first token (ms)": r.get("ttft_ms")} for r in q["table"]])]
+        if (c := q.get("calibration")):
+            out += [f"\nCalibrated ({', '.join(c['methods'])}) on {c['windows']} held-out windows ({c['tokens']:,} tokens); "
+                    f"every model scored on the {c['measured_tokens']:,} held-out tokens before them.\n"]
     if (s := stage("serve")):
         out += ["## Serving\n", _table(s["metrics"])]
     if (e := stage("eval")):

@@ -100,8 +100,9 @@ class Preset:
     dpo_beta: float = 0.1       # DPO's β: how far the policy may move from the reference
     dpo_loss: str = "sigmoid"   # TRL loss type(s), comma-separated: sigmoid (DPO), ipo, hinge, robust, ...
     dpo_lr: float = 5e-5        # small: DPO pushes answers apart fast and, on few pairs, drags the rest of the model along
-    # quantization: torchao (int8, w8a8, int4, w4a8) and llama.cpp GGUF (q8_0, q4_0) copies of the fine-tuned model
-    quant_methods: str = "int8,q8_0,q4_0"  # comma-separated; the stage serves the best by the rule in 04_quantize
+    # quantization: torchao (int8, w8a8, w8a8_sq, int4, w4a8) and llama.cpp GGUF (q8_0, q4_0, q4_0_imatrix) copies of the fine-tuned model
+    quant_methods: str = "int8,q8_0,q4_0,q4_0_imatrix"  # comma-separated; the stage serves the best by the rule in 04_quantize
+    quant_calib_samples: int = 32  # windows of seq_len held-out tokens that calibrated methods (w8a8_sq, q4_0_imatrix) measure activations on
     # serving (the gateway in front of engine replicas)
     serve_engine: str = "auto"  # auto (llama.cpp for GGUF, else vLLM where installed and able, else transformers) | vllm | transformers | llamacpp
     serve_replicas: int = 1     # engine processes behind the gateway (0: transformers inside the gateway's process)
@@ -126,6 +127,7 @@ class Preset:
         if self.precision not in ("auto", "fp32", "bf16", "fp16"): raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.serve_engine not in ("auto", "vllm", "transformers", "llamacpp"):
             raise ValueError(f"serve_engine must be auto, vllm, transformers or llamacpp, got {self.serve_engine!r}")
+        if self.quant_calib_samples < 1: raise ValueError(f"quant_calib_samples must be at least 1, got {self.quant_calib_samples}")
         if self.zero_stage not in (0, 1, 2, 3): raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
         if not 0 < self.dedup_threshold <= 1: raise ValueError(f"dedup_threshold must be in (0, 1], got {self.dedup_threshold}")
         if self.min_tokens >= self.max_tokens: raise ValueError(f"min_tokens ({self.min_tokens}) must be below max_tokens ({self.max_tokens})")

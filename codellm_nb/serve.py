@@ -6,15 +6,17 @@
 __all__ = ['NOT_IMPLEMENTED', 'DEFAULT_CHAT_TEMPLATE', 'MESSAGES_SCHEMA', 'cut_at_stop', 'safe_prefix_len', 'StopWatch',
            'peak_rss_mb', 'BadRequest', 'check_text', 'check_request', 'EngineError', 'collect', 'count_tokens',
            'load_tokenizer', 'TransformersEngine', 'merge_adapter', 'adapter_rank', 'parse_adapters', 'fim_prompt',
-           'python_prefix', 'completes_python', 'fit_prompt', 'LlamaCppEngine', 'ngram_proposal', 'speculative_rounds',
-           'load_draft', 'shallow_draft', 'distill_draft', 'Limits', 'memory_used_ratio', 'gateway_metrics',
-           'request_models', 'chat_messages', 'Gateway', 'timed_out', 'Guard', 'make_app', 'free_port', 'vllm_python',
-           'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model', 'resolve_engine',
-           'build_engine', 'serve_forever', 'start_server', 'main']
+           'python_prefix', 'completes_python', 'fit_prompt', 'pick_token', 'LlamaCppEngine', 'ngram_proposal',
+           'speculative_rounds', 'load_draft', 'shallow_draft', 'distill_draft', 'Limits', 'memory_used_ratio',
+           'gateway_metrics', 'request_models', 'chat_messages', 'Gateway', 'timed_out', 'Guard', 'make_app',
+           'free_port', 'vllm_python', 'vllm_supported', 'engine_command', 'Replica', 'ReplicaPool', 'resolve_model',
+           'resolve_engine', 'build_engine', 'serve_forever', 'start_server', 'main']
 
 # %% ../nbs/05_serve.ipynb #3f978c00
-import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, random, resource, signal, socket, subprocess, sys, tempfile, threading, time, uuid
+import argparse, ast, asyncio, codeop, contextlib, dataclasses, json, math, os, queue, resource, signal, socket, subprocess, sys, tempfile, threading, time, uuid
 from pathlib import Path
+from types import SimpleNamespace
+import numpy as np
 from fastcore.basics import patch
 from .core import detect_device, get_logger, read_manifest, set_threads
 
@@ -346,63 +348,108 @@ def fit_prompt(tok, prompt:str, budget:int, header_frac:float=0.25) -> tuple[str
     return out, len(ids) - len(tok(out, add_special_tokens=False).input_ids)
 
 # %% ../nbs/05_serve.ipynb #1660d9b5
+def pick_token(logits:np.ndarray, temperature:float, top_p:float, rng:np.random.Generator) -> int:
+    "A token id from `logits`: the most likely at temperature 0, else sampled from the smallest set holding `top_p` of the probability."
+    if temperature <= 0: return int(logits.argmax())
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max()); p /= p.sum()
+    if top_p < 1:
+        order = np.argsort(-p)
+        keep = order[:int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+        q = np.zeros_like(p); q[keep] = p[keep]; p = q / q.sum()
+    return int(rng.choice(len(p), p=p))
+
 class LlamaCppEngine:
-    "A GGUF model folder (`quantize.to_gguf`) on llama.cpp's quantized CPU kernels, fed token ids by our tokenizer; one sequence at a time."
+    """A GGUF model folder (`quantize.to_gguf`) on llama.cpp's quantized CPU kernels, fed token ids by our tokenizer; up to
+    `slots` requests decoded together (continuous batching), each sampled with its own seeded generator."""
     kind = "llamacpp"
-    def __init__(self, model_dir, name:str|None=None, threads:int|None=None, **_):
-        from llama_cpp import Llama
-        from codellm_nb.quantize import gguf_file
+    def __init__(self, model_dir, name:str|None=None, threads:int|None=None, slots:int=8, **_):
+        from codellm_nb.quantize import LlamaCppBatch, gguf_file
         if (path := gguf_file(model_dir)) is None:
             raise FileNotFoundError(f"{model_dir} has no .gguf file: write one with `codellm_nb.quantize.to_gguf` (the quantize "
                                     "stage writes <run>/quantize/q8_0 and q4_0), or serve a Hugging Face folder with engine=auto")
         self.tok, self.name, self.adapters = load_tokenizer(model_dir), name or Path(model_dir).name, {}
-        self.models, self.eos = [self.name], self.tok.eos_token_id
+        self.models, self.eos, self.slots = [self.name], self.tok.eos_token_id, slots
         self.context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", 2048)
         threads = threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or len(os.sched_getaffinity(0))
-        self.llm = Llama(str(path), n_ctx=self.context, n_batch=min(512, self.context), n_threads=threads, verbose=False)
-        self._lock, self.served = threading.Lock(), 0
+        self.runner = LlamaCppBatch(path, self.context, seqs=slots, threads=threads)
+        self.served, self.active, self._inbox, self._closed = 0, 0, queue.Queue(), False
+        self._thread = threading.Thread(target=self._schedule, name="llamacpp", daemon=True)
+        self._thread.start()
 
     def chat_prompt(self, messages:list[dict]) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     def count(self, text:str) -> int: return count_tokens(self.tok, text)
 
-    def _tokens(self, ids, budget, temperature, top_p, seed, emit, cancel):
-        "In a worker thread: `emit` each generated token id until EOS, `budget` or `cancel`."
-        with self._lock:  # one sequence at a time: llama.cpp's context keeps one KV cache (it reuses a shared prompt prefix)
-            self.llm.set_seed(seed if seed is not None else random.getrandbits(31))
-            n = 0
-            for t in self.llm.generate(ids, temp=float(temperature), top_p=float(top_p), top_k=0, min_p=0.0, repeat_penalty=1.0):
-                emit(t); n += 1
-                if t == self.eos or n >= budget or cancel.is_set(): break
-            self.served += 1
+    def _emit(self, req, t:int) -> bool:
+        "Hand token `t` to its request; True when the request is finished (EOS, its budget, or its client gone)."
+        req.put(t); req.n += 1
+        return t == self.eos or req.n >= req.budget or req.cancel.is_set()
+
+    def _schedule(self):
+        "The decoding thread: admits waiting requests into free slots, then advances every active request by one token per call."
+        active, free = {}, list(range(self.slots))
+        def finish(slot, req, error=None):
+            if error is not None: req.put(EngineError(f"llama.cpp failed: {error}"))
+            req.put(None); self.served += 1
+            active.pop(slot, None); free.append(slot); self.active = len(active)
+        while not self._closed:
+            while free and (not active or not self._inbox.empty()):  # wait for work only when there is none
+                if (req := self._inbox.get()) is None: break  # close()
+                if req.cancel.is_set(): req.put(None); continue
+                shared = lambda s: next((i for i, (a, b) in enumerate(zip(self.runner.cached[s], req.ids)) if a != b), len(req.ids))
+                slot = max(free, key=shared); free.remove(slot); active[slot] = req  # the slot whose cache shares the longest prefix
+                try: done = self._emit(req, req.pick(self.runner.prefill(slot, req.ids)))
+                except Exception as e: finish(slot, req, e); continue
+                if done: finish(slot, req)
+            self.active = len(active)
+            if self._closed: break
+            if not active: continue
+            try: out = self.runner.step({s: r.last for s, r in active.items()})
+            except Exception as e:
+                for s, r in list(active.items()): finish(s, r, e)
+                continue
+            for s, logits in out.items():
+                if self._emit(active[s], active[s].pick(logits)): finish(s, active[s])
+        for s, r in list(active.items()): finish(s, r, "the engine was closed")
+        while not self._inbox.empty():
+            if (r := self._inbox.get()) is not None: r.put(EngineError("llama.cpp failed: the engine was closed")); r.put(None)
 
     async def stream(self, prompt:str, max_tokens:int=16, temperature:float=0.0, top_p:float=1.0, stop=None, seed=None, model=None):
         "Yield text deltas of a completion, then a dict with the finish reason and token counts."
         ids = self.tok(prompt, add_special_tokens=False).input_ids
         if len(ids) >= self.context: raise ValueError(f"The prompt has {len(ids)} tokens; this model's context is {self.context}")
-        budget, loop, q, cancel = min(max_tokens, self.context - len(ids)), asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
-        def work():
-            try: self._tokens(ids, budget, temperature, top_p, seed, lambda t: loop.call_soon_threadsafe(q.put_nowait, t), cancel)
-            except Exception as e: loop.call_soon_threadsafe(q.put_nowait, EngineError(f"llama.cpp failed: {e}"))
-            loop.call_soon_threadsafe(q.put_nowait, None)
-        done, watch, out = loop.run_in_executor(None, work), StopWatch(stop), []
+        if not ids: raise ValueError("The prompt is empty")
+        if self._closed: raise EngineError("this llama.cpp engine is closed")
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+        rng = np.random.default_rng(seed)
+        req = SimpleNamespace(ids=ids, budget=min(max_tokens, self.context - len(ids)), n=0, cancel=threading.Event(), last=None)
+        def put(x):  # from the decoding thread into this request's event loop
+            try: loop.call_soon_threadsafe(q.put_nowait, x)
+            except RuntimeError: req.cancel.set()  # that loop is closed: its client is gone, the slot frees at the next step
+        def pick(logits):
+            req.last = pick_token(logits, float(temperature), float(top_p), rng); return req.last
+        req.put, req.pick = put, pick
+        self._inbox.put(req)
+        watch, out = StopWatch(stop), []
         try:
             while (t := await q.get()) is not None:
                 if isinstance(t, Exception): raise t
                 out.append(t)
                 if (d := watch.update(self.tok.decode(out, skip_special_tokens=True))): yield d
                 if watch.stopped: break
-        finally: cancel.set()
-        await done
+        finally: req.cancel.set()  # a client that left, or a stop sequence: its slot frees at the next step
         if not watch.stopped and (d := watch.flush(self.tok.decode(out, skip_special_tokens=True))): yield d
         eos = bool(out) and out[-1] == self.eos
         yield dict(finish_reason="stop" if watch.stopped or eos else "length", prompt_tokens=len(ids), completion_tokens=len(out))
 
-    def ready(self) -> bool: return True
+    def ready(self) -> bool: return self._thread.is_alive()
     def health(self) -> dict:
-        return dict(engine=self.kind, replicas=[dict(index=0, healthy=True, restarts=0, inflight=None, pid=os.getpid(), rss_mb=0.0)],
-                    failovers=0, recoveries_s=[], served=self.served)
-    def close(self): self.llm.close()
+        return dict(engine=self.kind, replicas=[dict(index=0, healthy=self.ready(), restarts=0, inflight=self.active, pid=os.getpid(),
+                                                     rss_mb=0.0)], failovers=0, recoveries_s=[], served=self.served, slots=self.slots)
+    def close(self):
+        if not self._closed:
+            self._closed = True; self._inbox.put(None); self._thread.join(timeout=60); self.runner.close()
 
 # %% ../nbs/05_serve.ipynb #5bec0002
 def ngram_proposal(seq:list[int], k:int, max_n:int=4, min_n:int=2) -> list[int]:

@@ -1,10 +1,10 @@
 """Quantized models, for real: llama.cpp GGUF (`make llamacpp`) against transformers token for token, and every
 quantization method's folder reloaded from disk into the gateway, answering through the OpenAI API."""
-import asyncio
+import asyncio, time
 import openai, pytest, torch
 from conftest import tiny_llama
 from transformers import AutoModelForCausalLM
-from codellm_nb.quantize import METHODS, quantize_model, to_gguf
+from codellm_nb.quantize import CALIBRATED, METHODS, importance_matrix, quantize_model, to_gguf
 from codellm_nb.serve import LlamaCppEngine, collect, resolve_engine, start_server
 
 PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(self", "for i in range(", "x = {", "\n"]
@@ -13,6 +13,16 @@ PROMPTS = ["def add(a, b):\n", "import os\n", "class Stack:\n    def __init__(se
 def model(tmp_path_factory):
     "A random tiny Llama with the project's tokenizer (see `conftest.tiny_llama`)."
     return tiny_llama(tmp_path_factory.mktemp("model"))
+
+@pytest.fixture(scope="module")
+def calib(model):
+    "Calibration windows: the standard library's json package as token ids, 8 windows of 64."
+    import sysconfig
+    from pathlib import Path
+    from transformers import AutoTokenizer
+    text = "".join(p.read_text() for p in sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py")))
+    ids = AutoTokenizer.from_pretrained(model)(text, add_special_tokens=False).input_ids
+    return torch.tensor(ids[:8 * 64]).view(8, 64)
 
 def greedy(model_dir, tok, prompt, n):
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -39,6 +49,24 @@ def test_llama_cpp_f32_gives_transformers_greedy_text_and_q8_0_stays_close(model
     finally: q8.close()
     assert same >= 3, same  # 8-bit blocks: most greedy continuations of a random model survive
 
+def test_llama_cpp_engine_batches_more_clients_than_slots(model, tmp_path):
+    "Six clients at once on two slots: each gets the text it gets alone, waiting ones take freed slots, a client that leaves frees its slot."
+    eng = LlamaCppEngine(to_gguf(model, tmp_path / "f32", "f32"), slots=2)
+    try:
+        async def together(): return await asyncio.gather(*[collect(eng.stream(p, max_tokens=16)) for p in PROMPTS])
+        got = asyncio.run(together())
+        assert [g[0] for g in got] == [greedy(model, eng.tok, p, 16) for p in PROMPTS]
+        async def leave_early():
+            s = eng.stream(PROMPTS[0], max_tokens=200)
+            await s.__anext__(); await s.aclose()  # the client goes after its first delta
+        asyncio.run(leave_early())
+        for _ in range(100):
+            if eng.active == 0: break
+            time.sleep(0.05)
+        assert eng.active == 0 and eng.served == len(PROMPTS) + 1
+    finally: eng.close()
+    with pytest.raises(Exception, match="closed"): asyncio.run(collect(eng.stream("x = 1", max_tokens=4)))
+
 def test_engines_refuse_a_format_they_cannot_read(model, tmp_path):
     g = to_gguf(model, tmp_path / "q4_0", "q4_0")
     assert resolve_engine("auto", g) == "llamacpp" and resolve_engine("llamacpp", g) == "llamacpp"
@@ -47,12 +75,28 @@ def test_engines_refuse_a_format_they_cannot_read(model, tmp_path):
     with pytest.raises(ValueError, match="engine=llamacpp serves GGUF folders"): resolve_engine("llamacpp", model)
     with pytest.raises(FileNotFoundError, match="has no .gguf file"): LlamaCppEngine(model)
 
-@pytest.mark.parametrize("method", [*METHODS, "q8_0", "q4_0"])
-def test_every_quantized_model_reloads_and_answers_through_the_openai_api(model, tmp_path, method):
+def test_calibrated_models_reload_as_they_were_written(model, calib, tmp_path):
+    "SmoothQuant's per-channel scales are saved with the weights (without them the reloaded model would be wrong, not slower)."
+    q = quantize_model(model, tmp_path / "sq", "w8a8_sq", embeddings=True, calib=calib)
+    x = calib[:2]
+    with torch.no_grad():
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "sq", dtype=torch.float32)(x).logits
+        assert torch.equal(q(x).logits, reloaded)
+    imp = importance_matrix(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), calib)
+    assert set(imp) == {n for n, m in q.named_modules() if isinstance(m, torch.nn.Linear)} and all((v > 0).all() for v in imp.values())
+    a = (to_gguf(model, tmp_path / "pure", "q4_0_pure") / "model.gguf").read_bytes()
+    b = (to_gguf(model, tmp_path / "imx", "q4_0_imatrix", imatrix=imp) / "model.gguf").read_bytes()
+    assert len(a) == len(b) and a != b  # same layout and size, other roundings
+    with pytest.raises(ValueError, match="is calibrated"): to_gguf(model, tmp_path / "x", "q4_0_imatrix")
+
+@pytest.mark.parametrize("method", [*METHODS, "q8_0", "q4_0", "q4_0_imatrix"])
+def test_every_quantized_model_reloads_and_answers_through_the_openai_api(model, calib, tmp_path, method):
     "Written to disk, reloaded by the gateway's engine (llama.cpp for GGUF, transformers for torchao), asked over HTTP."
     d = tmp_path / method
-    if method in METHODS: quantize_model(model, d, method, embeddings=True)
-    else: to_gguf(model, d, method)
+    if method in METHODS: quantize_model(model, d, method, embeddings=True, calib=calib if method in CALIBRATED else None)
+    else:
+        imp = importance_matrix(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32), calib) if method in CALIBRATED else None
+        to_gguf(model, d, method, imatrix=imp)
     with start_server(d, name="q", engine="auto" if method not in METHODS else "transformers", replicas=1 if method not in METHODS else 0) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         r = client.completions.create(model="q", prompt=PROMPTS[0], max_tokens=12, temperature=0)
