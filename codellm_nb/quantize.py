@@ -316,18 +316,19 @@ class LlamaCppBatch:
             self.ctx = None
 
 # %% ../nbs/04_quantize.ipynb #7cb071cb
-def calibration_split(data_dir, seq_len:int, n:int) -> tuple[np.ndarray, np.ndarray]:
-    """The calibration set, `n` windows of `seq_len` token ids from the end of the data stage's held-out (decontaminated)
-    split, shape (n, seq_len); and the held-out tokens before them, which quality is measured on: the two never overlap."""
+def calibration_split(data_dir, seq_len:int, n:int, keep:float=0.5) -> tuple[np.ndarray, np.ndarray]:
+    """The calibration set, up to `n` windows of `seq_len` token ids from the end of the data stage's held-out
+    (decontaminated) split, shape (windows, seq_len); and the held-out tokens before them, which quality is measured on:
+    the two never overlap, and at least `keep` of the split is left to measure on (fewer windows on a small split)."""
     try: val = load_tokens(Path(data_dir), "val")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"No calibration split: calibrated methods read the data stage's held-out split. {e}") from None
     if n < 1 or seq_len < 1: raise ValueError(f"calibration needs n >= 1 windows of seq_len >= 1 tokens, got n={n}, seq_len={seq_len}")
+    n = min(n, int(len(val) * (1 - keep)) // seq_len)
+    if n < 1:
+        raise ValueError(f"The held-out split of {data_dir} has {len(val):,} tokens: one calibration window of {seq_len} would "
+                         f"leave less than {keep:.0%} of it to measure on. Raise val_frac or give the data stage more sources")
     need = n * seq_len
-    if len(val) < need + seq_len + 1:
-        raise ValueError(f"The held-out split of {data_dir} has {len(val):,} tokens: {n} calibration windows of {seq_len} take "
-                         f"{need:,} and at least {seq_len + 1} more must remain to measure on. Lower quant_calib_samples, raise "
-                         "val_frac, or give the data stage more sources")
     return np.asarray(val[len(val) - need:], dtype=np.int64).reshape(n, seq_len), val[:len(val) - need]
 
 @torch.no_grad()
@@ -433,6 +434,9 @@ def quantize(run_dir, cfg:Preset, src=None) -> dict:
     calib, imatrix = None, None
     if calibrated := [m for m in methods if m in CALIBRATED]:  # held-out windows to calibrate on; the rest to measure on
         calib, val = calibration_split(Path(run_dir) / "data", cfg.seq_len, cfg.quant_calib_samples)
+        if len(calib) < cfg.quant_calib_samples:
+            log.info(f"quantize: calibrating on {len(calib)} windows, not quant_calib_samples={cfg.quant_calib_samples}: "
+                     "the held-out split is small, and half of it is kept to measure on")
         if "q4_0_imatrix" in calibrated:
             imatrix = importance_matrix(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32), calib)
     else: val = load_tokens(Path(run_dir) / "data", "val")

@@ -23,7 +23,9 @@ def test_pipeline_end_to_end(tmp_path):
     q = json.loads((run / "quantize" / "manifest.json").read_text())
     assert q["served"] in {r["model"] for r in q["table"]} and {"fp32", "int8", "f32", "q8_0", "q4_0", "q4_0_imatrix"} == {r["model"] for r in q["table"]}
     assert all(r["tokens_per_s_batch"] > 0 for r in q["table"])  # llama.cpp's rows too: several sequences in one context
-    assert q["calibration"]["methods"] == ["q4_0_imatrix"] and q["calibration"]["windows"] == 32 and "Calibrated (q4_0_imatrix)" in report
+    assert q["calibration"]["methods"] == ["q4_0_imatrix"] and "Calibrated (q4_0_imatrix)" in report
+    c = q["calibration"]  # up to quant_calib_samples windows, fewer on this small split: half of it is kept to measure on
+    assert 1 <= c["windows"] <= 32 and c["measured_tokens"] >= c["tokens"]
     # the stages' models, compared on the same problems: the quantized one is the one the quantize stage chose to serve
     assert list(ev) == ["finetuned", "pretrained", q["served"] if q["served"] != "fp32" else "int8"]
     assert ev["finetuned"]["verdict_changes"] == 0 and all(m["verdict_changes"] >= 0 for m in ev.values())
