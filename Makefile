@@ -22,7 +22,7 @@ vllm:
 	bash scripts/vllm_env.sh
 
 # llama.cpp (the GGUF q8_0/q4_0 formats and the `llamacpp` serving engine): llama-cpp-python compiled for this CPU into
-# .venv (~4 min on 2 cores, once) and llama.cpp's Hugging Face -> GGUF converter into .tools/llama.cpp.
+# .venv (~2 min on 2 cores, once) and llama.cpp's Hugging Face -> GGUF converter into .tools/llama.cpp.
 llamacpp: venv
 	PY=$(BIN)/python bash scripts/llamacpp.sh
 

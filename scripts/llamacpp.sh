@@ -15,8 +15,12 @@ TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 tar -xzf "$TMP/llama_cpp_python-$VER.tar.gz" -C "$TMP"
 SRC="$TMP/llama_cpp_python-$VER"
 if ! "$PY" -c "import llama_cpp; assert llama_cpp.__version__ == '$VER'" 2>/dev/null; then
-  echo "building llama-cpp-python $VER for this CPU (a few minutes, once)"
-  # Only the library: no multimodal (llava) part, no tools; native: the SIMD this CPU has (AVX2, AVX-512, AMX)
+  echo "building llama-cpp-python $VER for this CPU (about 2 minutes on 2 cores, once)"
+  # Only the library: no multimodal (llava/mtmd) part, no tools, and not llama.cpp's `common` helpers, which the binding
+  # forces on for the multimodal part and this project never loads (they were half the build); native: the SIMD this
+  # CPU has (AVX2, AVX-512, AMX).
+  grep -q 'set(LLAMA_BUILD_COMMON ON CACHE' "$SRC/CMakeLists.txt" || { echo "llama-cpp-python $VER: its CMakeLists.txt changed; update scripts/llamacpp.sh"; exit 1; }
+  sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/' "$SRC/CMakeLists.txt"
   CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF ${CMAKE_ARGS:-}" \
     "$PY" -m pip install -q "$SRC"
 fi
