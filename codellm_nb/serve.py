@@ -410,7 +410,9 @@ class LlamaCppEngine:
                 for s, r in list(active.items()): finish(s, r, e)
                 continue
             for s, logits in out.items():
-                if self._emit(active[s], active[s].pick(logits)): finish(s, active[s])
+                try: done = self._emit(active[s], active[s].pick(logits))
+                except Exception as e: finish(s, active[s], e); continue  # e.g. logits that are not finite: this request fails, not the thread
+                if done: finish(s, active[s])
         for s, r in list(active.items()): finish(s, r, "the engine was closed")
         while not self._inbox.empty():
             if (r := self._inbox.get()) is not None: r.put(EngineError("llama.cpp failed: the engine was closed")); r.put(None)
@@ -420,7 +422,7 @@ class LlamaCppEngine:
         ids = self.tok(prompt, add_special_tokens=False).input_ids
         if len(ids) >= self.context: raise ValueError(f"The prompt has {len(ids)} tokens; this model's context is {self.context}")
         if not ids: raise ValueError("The prompt is empty")
-        if self._closed: raise EngineError("this llama.cpp engine is closed")
+        if self._closed or not self._thread.is_alive(): raise EngineError("this llama.cpp engine is closed")
         loop, q = asyncio.get_running_loop(), asyncio.Queue()
         rng = np.random.default_rng(seed)
         req = SimpleNamespace(ids=ids, budget=min(max_tokens, self.context - len(ids)), n=0, cancel=threading.Event(), last=None)

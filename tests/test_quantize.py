@@ -67,6 +67,21 @@ def test_llama_cpp_engine_batches_more_clients_than_slots(model, tmp_path):
     finally: eng.close()
     with pytest.raises(Exception, match="closed"): asyncio.run(collect(eng.stream("x = 1", max_tokens=4)))
 
+def test_llama_cpp_engine_fails_one_request_not_the_thread(model, tmp_path, monkeypatch):
+    "Sampling that raises mid-decode (e.g. logits that are not finite) fails that request; the engine keeps serving."
+    import itertools
+    import codellm_nb.serve as S
+    eng, real, calls = LlamaCppEngine(to_gguf(model, tmp_path / "q8_0", "q8_0"), slots=2), S.pick_token, itertools.count()
+    def flaky(logits, t, p, rng):
+        if t == 0.5 and next(calls) == 2: raise ValueError("not finite")
+        return real(logits, t, p, rng)
+    monkeypatch.setattr(S, "pick_token", flaky)
+    try:
+        with pytest.raises(Exception, match="llama.cpp failed: not finite"):
+            asyncio.run(asyncio.wait_for(collect(eng.stream("def f(", max_tokens=8, temperature=0.5)), 30))
+        assert asyncio.run(collect(eng.stream("def f(", max_tokens=4)))[1]["completion_tokens"] == 4 and eng.ready()
+    finally: eng.close()
+
 def test_engines_refuse_a_format_they_cannot_read(model, tmp_path):
     g = to_gguf(model, tmp_path / "q4_0", "q4_0")
     assert resolve_engine("auto", g) == "llamacpp" and resolve_engine("llamacpp", g) == "llamacpp"
