@@ -384,7 +384,8 @@ def set_threads(n:int|None=None) -> int:
     return n
 
 # %% ../nbs/00_core.ipynb #bc12a537
-QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "mlflow.tracking.fluent")  # notices, nothing about a run (see above)
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "mlflow.tracking.fluent",
+                 "bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub")  # notices, nothing about a run (see above)
 for _name in QUIET_LOGGERS: logging.getLogger(_name).setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm.auto without ipywidgets: text bars, as wanted
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)  # peft
