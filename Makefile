@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv vllm llamacpp engines sandbox tools pipeline test export notebooks clean docs
+.PHONY: venv vllm llamacpp llamacpp-wheel setup sandbox tools browser system-packages pipeline test export notebooks clean docs lab
 
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,16 +22,21 @@ vllm:
 	bash scripts/vllm_env.sh
 
 # llama.cpp (the GGUF q8_0/q4_0 formats and the `llamacpp` serving engine): llama-cpp-python compiled for this CPU into
-# .venv (~2 min on 2 cores, once) and llama.cpp's Hugging Face -> GGUF converter into .tools/llama.cpp.
+# a wheel (~2 min on 2 cores, once), installed into .venv, and llama.cpp's Hugging Face -> GGUF converter into .tools/llama.cpp.
 llamacpp: venv
-	PY=$(BIN)/python bash scripts/llamacpp.sh
+	PY=$(BIN)/python PYTHON=$(PYTHON) bash scripts/llamacpp.sh
 
-# Both, side by side: vLLM's environment is mostly downloading and unpacking, llama.cpp's build is compiling, so a fresh
-# machine's setup takes about the longer of the two instead of their sum.
-engines: venv
-	@bash scripts/vllm_env.sh & v=$$!; PY=$(BIN)/python bash scripts/llamacpp.sh; l=$$?; wait $$v; v=$$?; \
-	  [ $$l = 0 ] || echo "make engines: llama.cpp's build failed (see above)"; [ $$v = 0 ] || echo "make engines: vLLM's environment failed (see above)"; \
-	  [ $$l = 0 ] && [ $$v = 0 ]
+# The wheel alone: it needs no .venv, so it compiles while .venv installs.
+llamacpp-wheel:
+	PYTHON=$(PYTHON) bash scripts/llamacpp.sh --wheel-only
+
+# What the pipeline runs on, side by side: .venv and vLLM's environment mostly download and unpack, llama.cpp's wheel
+# mostly compiles, the system packages (one apt at a time) wait on the network; then the wheel goes into .venv (seconds).
+# A fresh machine's setup takes about the longest of them instead of their sum. The tests add Chromium and promtool.
+SYSTEM ?= sandbox
+setup:
+	@$(MAKE) --no-print-directory -j5 venv vllm llamacpp-wheel $(SYSTEM)
+	@$(MAKE) --no-print-directory llamacpp
 
 # The evaluation sandbox mounts a private file system with bubblewrap (Debian/Ubuntu: bubblewrap); prlimit and
 # setpriv come with util-linux. As root they are installed here; otherwise the sandbox says what it lacks.
@@ -44,21 +49,39 @@ sandbox:
 tools:
 	bash scripts/promtool.sh
 
-pipeline: venv engines sandbox
+# Headless Chromium, in which the docs are checked as a reader sees them (tests/test_docs.py). As root on Debian/Ubuntu
+# it is installed here (Playwright drives the system's browser: nothing is downloaded from its CDN).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+	  apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || echo "note: chromium is not installed: the docs' browser checks will fail (install it, e.g. apt-get install chromium)"
+
+pipeline: setup
 	$(BIN)/codellm pipeline --preset $(PRESET) --run-dir $(RUN)
 
-test: venv engines sandbox tools
+test: SYSTEM = system-packages tools
+test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
+
+system-packages:
+	@$(MAKE) --no-print-directory sandbox; $(MAKE) --no-print-directory browser
 
 export: venv
 	$(BIN)/nbdev_export && $(BIN)/nbdev_clean
 
 # Re-run the notebooks in place (their stored outputs), e.g. after a change to what they show.
-notebooks: venv engines sandbox
+notebooks: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/run_notebooks.sh
 
+# The site (_docs/site/index.html) and README.md, from the notebooks' stored outputs; nothing is executed.
 docs: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/docs.sh
+
+# JupyterLab on the notebooks, with the project's environment as the kernel; LAB_ARGS for more (e.g. --no-browser --port 8890).
+# As root (a container) JupyterLab refuses to start unless told it may.
+lab: venv
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (codellm_nb)" >/dev/null
+	cd nbs && PATH="$(CURDIR)/$(BIN):$$PATH" $(CURDIR)/$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf runs/nbtest runs/pytest _proc _docs

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Docs without Quarto: README.md from nbs/index.ipynb, and an HTML page per notebook in _docs/.
-# (With Quarto installed, `nbdev_docs` builds the full site from _quarto.yml instead.)
+# The docs, offline: README.md from nbs/index.ipynb, and the site (_docs/site/index.html) from every notebook's
+# stored outputs, processed by nbdev and built by Sphinx with myst-nb (nothing is executed: `make notebooks` does that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 jupyter nbconvert --log-level WARN --to markdown --TagRemovePreprocessor.remove_input_tags="remove_input" nbs/index.ipynb --output-dir . --output README
-cat -s README.md > README.tmp && mv README.tmp README.md  # one blank line where hidden inputs were
-mkdir -p _docs
-for nb in nbs/[0-9]*.ipynb nbs/index.ipynb; do
-  jupyter nbconvert --log-level WARN --to html "$nb" --output-dir _docs
-done
-echo "README.md and _docs/*.html written"
+# the README sits at the top of the repository: its links and images point into nbs/; one blank line where inputs were
+sed -E 's#\]\((images/|[0-9a-z_.]+\.ipynb)#](nbs/\1#g' README.md | cat -s > README.tmp && mv README.tmp README.md
+python -c 'from codellm_nb.docs import build_site; print(f"site: {build_site()}")'
+echo "README.md and the site written in $((SECONDS-start)) s; open _docs/site/index.html"

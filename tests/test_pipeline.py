@@ -1,14 +1,15 @@
 "`codellm pipeline` runs every stage notebook through papermill and writes a report with real numbers."
 import json, re
-from conftest import codellm
+from conftest import ROOT, codellm
+
+SMALL = {"max_files": 120, "val_frac": 0.1, "vocab_size": 1024, "steps": 20, "warmup": 2, "eval_every": 10, "ft_steps": 6,
+         "dpo_steps": 2, "eval_problems": 4, "eval_lines": 4, "max_new_tokens": 32, "serve_engine": "transformers"}
 
 def test_pipeline_end_to_end(tmp_path):
     # The stages' wiring (papermill, parameters, manifests, the report), with the in-process engine: vLLM serving is run by
     # the 05_serve and 06_eval lessons (serve_engine=auto) and tests/test_engines.py; here its four starts would cost minutes.
     run = tmp_path / "run"
-    r = codellm("pipeline", "--run-dir", run, "--set", "max_files=120", "val_frac=0.1", "vocab_size=1024", "steps=20", "warmup=2",
-                "eval_every=10", "ft_steps=6", "dpo_steps=2", "eval_problems=4", "eval_lines=4", "max_new_tokens=32",
-                "serve_engine=transformers", timeout=1500)
+    r = codellm("pipeline", "--run-dir", run, "--set", *(f"{k}={v}" for k, v in SMALL.items()), timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for nb in ("01_data", "02_pretrain", "03_finetune", "04_quantize", "05_serve", "06_eval"):
         assert (run / "notebooks" / f"{nb}.ipynb").exists()
@@ -34,6 +35,15 @@ def test_pipeline_end_to_end(tmp_path):
         assert m["val_bits_per_byte"] > 0 and m["server_peak_mb"] > 0 and m["ttft_ms_p50"] > 0
     assert json.loads((run / "serve" / "manifest.json").read_text())["metrics"]["engine"] == "transformers"  # the preset reached it
     assert (run / "eval" / "eval.png").stat().st_size > 1000 and "| pass@1 |" in (run / "eval" / "report.md").read_text()
+    # The laptop tutorial, pointed at this finished run as its prose says a reader may do: every cell runs (the model
+    # generates, a server answers), and every stage is read, none run again.
+    import papermill as pm
+    out = tmp_path / "tutorial_tiny.ipynb"
+    pm.execute_notebook(str(ROOT / "nbs" / "tutorial_tiny.ipynb"), str(out), cwd=str(ROOT / "nbs"), kernel_name="python3",
+                        parameters={"run_dir": str(run), "overrides": SMALL}, progress_bar=False)
+    printed = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", [])
+                      if o.get("output_type") == "stream")
+    assert printed.count(": already in ") == 5 and "written to" not in printed, printed[-3000:]
 
 def test_pipeline_failure_names_the_notebook(tmp_path):
     r = codellm("pipeline", "--run-dir", tmp_path, "--set", "max_file_bytes=10", timeout=600)
