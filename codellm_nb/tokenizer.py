@@ -16,8 +16,8 @@ from .measure import token_blocks
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'CHAT_TOKENS', 'CODE_PIECES', 'CODE_PATTERN', 'CHAT_TEMPLATE', 'SPLITS', 'DROP_REASONS',
            'PACK_FORMAT', 'FIM_STYLES', 'code_pre_tokenizer', 'hf_tokenizer', 'train_tokenizer', 'bytes_per_token',
-           'extend_vocab', 'is_val', 'token_dtype', 'pack_shards', 'load_tokens', 'TokenLoader', 'fim_tokens',
-           'psm_prompt']
+           'extend_vocab', 'is_val', 'token_dtype', 'pack_shards', 'ShardedTokens', 'load_tokens', 'TokenLoader',
+           'fim_tokens', 'psm_prompt']
 
 # %% ../nbs/01d_data.tokenizer.ipynb #6e16a207
 SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"] + \
@@ -247,19 +247,56 @@ def pack_shards(ds,                        # documents `Dataset` with columns id
     return index
 
 # %% ../nbs/01d_data.tokenizer.ipynb #4debde35
-def load_tokens(data_dir, split:str="train") -> np.ndarray:
-    "Memory-map the packed `split` tokens of a data stage folder."
+class ShardedTokens:
+    "Several 1-D token arrays read as one: `len`, slices across shard borders, integer indexing, `max`, `dtype`."
+    def __init__(self, parts:list, dtype):
+        self.parts, self.dtype = [p for p in parts if len(p)], np.dtype(dtype)
+        self.ends = np.cumsum([len(p) for p in self.parts], dtype=np.int64)
+    def __len__(self) -> int: return int(self.ends[-1]) if len(self.ends) else 0
+    @property
+    def shape(self): return (len(self),)
+    def __repr__(self): return f"ShardedTokens({len(self):,} {self.dtype} tokens in {len(self.parts)} shards)"
+    def max(self): return max(p.max() for p in self.parts) if self.parts else np.zeros(0, self.dtype).max()
+    def __array__(self, dtype=None, copy=None):
+        a = np.concatenate(self.parts) if self.parts else np.zeros(0, self.dtype)
+        return a if dtype is None else a.astype(dtype)
+    def __array_ufunc__(self, ufunc, method, *inputs, **kw):  # whole-array arithmetic: on the concatenation
+        return getattr(ufunc, method)(*(np.asarray(x) if isinstance(x, ShardedTokens) else x for x in inputs), **kw)
+    def __eq__(self, other): return np.asarray(self) == other
+    def __ne__(self, other): return np.asarray(self) != other
+    def __getitem__(self, i):
+        if not isinstance(i, slice):
+            i = int(i) + (len(self) if int(i) < 0 else 0)
+            if not 0 <= i < len(self): raise IndexError(f"index {i} out of range for {len(self)} tokens")
+            j = int(np.searchsorted(self.ends, i, "right"))
+            return self.parts[j][i - (self.ends[j] - len(self.parts[j]))]
+        a, b, step = i.indices(len(self))
+        if step != 1: raise ValueError("ShardedTokens slices take no step")
+        out = []
+        while a < b:
+            j = int(np.searchsorted(self.ends, a, "right"))
+            start = int(self.ends[j]) - len(self.parts[j])
+            take = min(b, int(self.ends[j])) - a
+            out.append(self.parts[j][a - start:a - start + take]); a += take
+        return out[0] if len(out) == 1 else np.concatenate(out) if out else np.zeros(0, self.dtype)
+
+def load_tokens(data_dir, split:str="train") -> np.ndarray|ShardedTokens:
+    "Memory-map the packed `split` tokens of a data stage folder: one array, or a `ShardedTokens` over several shards."
     shards = Path(data_dir) / "shards"
     if not (shards / "index.json").exists():
         raise FileNotFoundError(f"No token shards in {shards}: run `codellm data` for this run first")
     index = json.loads((shards / "index.json").read_text())
     if split not in SPLITS or split not in index: raise ValueError(f"Unknown split {split!r}; the shards have: train, val")
-    path, n = shards / index[split]["file"], index[split]["tokens"]
-    size = path.stat().st_size if path.exists() else -1
-    if size < n * np.dtype(index["dtype"]).itemsize:
-        raise FileNotFoundError(f"{path} is missing or shorter than its {n:,} tokens: rerun `codellm data` for this run")
-    if n == 0: return np.zeros(0, index["dtype"])
-    return np.memmap(path, dtype=index["dtype"], mode="r", shape=(n,))
+    files = index[split].get("files") or [dict(file=index[split]["file"], tokens=index[split]["tokens"])]
+    parts = []
+    for f in files:
+        path, n = shards / f["file"], f["tokens"]
+        size = path.stat().st_size if path.exists() else -1
+        if size < n * np.dtype(index["dtype"]).itemsize:
+            raise FileNotFoundError(f"{path} is missing or shorter than its {n:,} tokens: rerun `codellm data` for this run")
+        if n: parts.append(np.memmap(path, dtype=index["dtype"], mode="r", shape=(n,)))
+    if len(parts) > 1: return ShardedTokens(parts, index["dtype"])
+    return parts[0] if parts else np.zeros(0, index["dtype"])
 
 # %% ../nbs/01d_data.tokenizer.ipynb #cabe5c6e
 class TokenLoader:
