@@ -33,6 +33,9 @@ class Preset:
     decontaminate: str = "humaneval" # eval sets to remove overlaps with: humaneval and/or JSONL paths, comma-separated
     decontam_ngram: int = 13    # words in a shared n-gram that counts as contamination
     data_workers: int = 0       # processes for the data stage (0 = all cores)
+    data_engine: str = "datatrove" # datatrove (tasks on its local executor, resumable) | datasets (one machine, in memory)
+    data_tasks: int = 4         # datatrove tasks per stage: fixed, so any number of workers writes the same output
+    shard_mb: int = 1024        # item and document shards of at most this many MB
     vocab_size: int = 4096      # BPE vocabulary, special tokens included
     val_frac: float = 0.05      # fraction of documents held out for validation
     pref_pairs: int = 200       # preference pairs for DPO, each verified by running its doctests (0 = none)
@@ -124,6 +127,8 @@ class Preset:
         if self.hidden % self.n_heads: raise ValueError(f"hidden ({self.hidden}) must be a multiple of n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads: raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.seq_len > self.context: raise ValueError(f"seq_len ({self.seq_len}) exceeds the model context ({self.context})")
+        if self.data_engine not in ("datatrove", "datasets"): raise ValueError(f"data_engine must be datatrove or datasets, got {self.data_engine!r}")
+        if self.data_tasks < 1 or self.shard_mb < 1: raise ValueError(f"data_tasks and shard_mb must be at least 1, got {self.data_tasks} and {self.shard_mb}")
         if self.precision not in ("auto", "fp32", "bf16", "fp16"): raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         if self.serve_engine not in ("auto", "vllm", "transformers", "llamacpp"):
             raise ValueError(f"serve_engine must be auto, vllm, transformers or llamacpp, got {self.serve_engine!r}")

@@ -17,13 +17,14 @@ from .sft import (doctest_candidates, instruction_records, merge_stats, mix_reco
                             to_context_response, verify_records)
 
 # %% auto #0
-__all__ = ['DOCS_VERSION', 'DATA_FIELDS', 'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents', 'build_sft',
-           'build_prefs', 'shard_bytes_per_token', 'build_data', 'heldout_documents']
+__all__ = ['DOCS_VERSION', 'DATA_FIELDS', 'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents',
+           'documents_on_datatrove', 'pack_on_datatrove', 'build_sft', 'build_prefs', 'shard_bytes_per_token',
+           'build_data', 'heldout_documents']
 
 # %% ../nbs/01_data.ipynb #ddbaf250
 DOCS_VERSION = 2  # bump when `build_documents` writes something different for the same settings
 DATA_FIELDS = ("sources", "max_files", "max_file_bytes", "licenses", "dedup_threshold", "shingle_size", "num_perm",
-               "decontaminate", "decontam_ngram", "seed")  # what the documents depend on
+               "decontaminate", "decontam_ngram", "seed", "data_engine", "data_tasks", "shard_mb")  # what the documents depend on
 
 def fingerprint(*parts) -> str:
     "A short stable hash of JSON-able `parts`."
@@ -59,6 +60,8 @@ def eval_sets(spec:str) -> list[dict]:
 
 def workers(cfg:Preset) -> int: return cfg.data_workers or max(1, len(os.sched_getaffinity(0)))
 
+def _counts(stats:Counter, prefix:str) -> dict: return {k[len(prefix):]: v for k, v in sorted(stats.items()) if k.startswith(prefix)}
+
 def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     "Sources -> licensed, filtered, redacted, deduplicated, decontaminated documents saved to `out`; returns the stats."
     from datasets import Dataset
@@ -69,6 +72,9 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     items = sample_items(items, cfg.max_files or None, cfg.seed)
     funnel["sampled"] = len(items)
     listing = Counter(stats)  # what listing skipped, over every source; loading counts the sample's own problems
+    if cfg.data_engine == "datatrove":
+        return documents_on_datatrove(cfg, out, items, dict(funnel, skipped_listing=_counts(listing, "skip/"),
+                                                            listed_by=_counts(listing, "listed/")), nproc, log)
     docs = load_documents(items, stats, cfg.max_file_bytes, allow, num_proc=nproc)
     funnel["readable, licence allowed"] = len(docs)
     if not docs: raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
@@ -103,6 +109,39 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
                 dedup={k: dd[k] for k in ("exact_removed", "exact_clusters", "near_removed", "near_clusters", "largest_clusters")},
                 decontamination=dict(removed=dc["removed"], tasks=dc["tasks"], removed_docs=dc["removed_docs"][:20]),
                 bytes_read=bytes_read, bytes=sum(len(t.encode()) for t in ds["text"]))
+
+# %% ../nbs/01_data.ipynb #951f22af
+def documents_on_datatrove(cfg:Preset, out:Path, items:list, listing:dict, nproc:int, log=None) -> dict:
+    "`build_documents` on datatrove's local executor (`run_corpus`): the stats, and `out/documents` in corpus order."
+    from datasets import Dataset
+    from codellm_nb.scale import iter_documents, run_corpus
+    index = build_eval_index(eval_sets(cfg.decontaminate), n=cfg.decontam_ngram) if cfg.decontaminate.strip() else None
+    work = out / "corpus"
+    stats = run_corpus(items, work, cfg, index, tasks=cfg.data_tasks, workers=nproc, listing=listing,
+                       shard_bytes=cfg.shard_mb << 20, log=log)
+    if not stats["funnel"]["readable, licence allowed"]:
+        raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
+    docs = sorted(iter_documents(work, cfg.data_tasks), key=lambda d: d["seq"])
+    Dataset.from_list([{k: v for k, v in d.items() if k != "seq"} for d in docs]).save_to_disk(str(out / "documents"))
+    (log or get_logger()).info(f"data: {len(docs)} documents from {stats['funnel']['listed']:,} listed items")
+    return stats
+
+def pack_on_datatrove(cfg:Preset, out:Path, fp:str, log=None) -> dict:
+    "Token shards of `out/corpus`'s documents, one train and one val file per task, into `out/shards` (skipped if current)."
+    from transformers import AutoTokenizer
+    from codellm_nb.scale import prepare_work, run_stages, token_index, token_stages
+    shards, index_path = out / "shards", out / "shards" / "index.json"
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+        if index.get("fingerprint") == fp and all((shards / f["file"]).exists() for s in ("train", "val") for f in index[s]["files"]):
+            (log or get_logger()).info("data: token shards in shards/ are up to date"); return index
+        index_path.unlink()  # stale: rebuilt below, never half-valid
+    work = out / "corpus" / "packing"
+    prepare_work(work, dict(fingerprint=fp, tasks=cfg.data_tasks))
+    run_stages(token_stages(work, out / "corpus" / "documents", cfg, cfg.data_tasks, out / "tokenizer", shards, train=False),
+               work, "local", workers(cfg), log)
+    return token_index(work, shards, cfg.data_tasks, len(AutoTokenizer.from_pretrained(out / "tokenizer")),
+                       cfg.min_tokens, cfg.max_tokens, fp)
 
 # %% ../nbs/01_data.ipynb #cc17903c
 def _sft_batch(batch, seed:int=0):
@@ -185,8 +224,9 @@ def build_data(run_dir, cfg:Preset) -> dict:
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(out / "tokenizer")
     with t("pack"):
-        index = pack_shards(load_from_disk(str(out / "documents")), tok, out / "shards", cfg.val_frac, num_proc=workers(cfg),
-                            min_tokens=cfg.min_tokens, max_tokens=cfg.max_tokens)
+        if cfg.data_engine == "datatrove": index = pack_on_datatrove(cfg, out, fingerprint(fp_tok, cfg.val_frac, cfg.min_tokens, cfg.max_tokens), log)
+        else: index = pack_shards(load_from_disk(str(out / "documents")), tok, out / "shards", cfg.val_frac, num_proc=workers(cfg),
+                                  min_tokens=cfg.min_tokens, max_tokens=cfg.max_tokens)
     fp_sft = fingerprint(fp_docs, cfg.val_frac, cfg.self_instruct_url, cfg.self_instruct_n, cfg.self_instruct_model, 2)
     with t("sft"): sft = cached_step(out, "sft", fp_sft, lambda: build_sft(cfg, out), log)
     with t("prefs"): prefs = cached_step(out, "prefs", fingerprint(fp_sft, cfg.pref_pairs), lambda: build_prefs(cfg, out), log)

@@ -177,7 +177,7 @@ def execute_notebook(path, skip_flags:tuple|None=None, timeout:int=3600) -> Path
     return path
 
 # %% ../nbs/08_docs.ipynb #262ba7f4
-ARTIFACTS = {"data": ["documents/, stats.json", "tokenizer/tokenizer.json", "shards/{train,val}.bin + index", "sft.jsonl, prefs.jsonl"],
+ARTIFACTS = {"data": ["documents/, stats.json", "tokenizer/tokenizer.json", "shards/*.{train,val}.bin + index", "sft.jsonl, prefs.jsonl"],
              "pretrain": ["checkpoints/ (ZeRO, resumable)", "hf/ (safetensors)", "metrics.jsonl"],
              "finetune": ["adapter/ (peft)", "merged/ (HF folder)", "dpo/, metrics.jsonl"],
              "quantize": ["int8/, int4/, w8a8_sq/ …", "q8_0/, q4_0/ (GGUF)", "report.json"],
