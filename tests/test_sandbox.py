@@ -55,7 +55,9 @@ def test_process_limit():
     for prog in ("import os; os.fork()", "import subprocess; subprocess.run(['true'])"):
         assert "BlockingIOError" in run_program(prog, nproc=1)["result"]
     assert run_program("import subprocess; subprocess.run(['true'], check=True)")["passed"]
-    many = "import threading\nts = [threading.Thread(target=__import__('time').sleep, args=(0.5,)) for _ in range(30)]\n[t.start() for t in ts]"
+    # 30 threads alive at once however slowly they start: each waits for an event set only after the last has started
+    many = ("import threading\ne = threading.Event()\nts = [threading.Thread(target=e.wait, args=(10,), daemon=True) for _ in range(30)]\n"
+            "[t.start() for t in ts]\ne.set()")
     assert "can't start new thread" in run_program(many, nproc=16)["result"]
     assert run_program(many, nproc=64)["passed"]
 
