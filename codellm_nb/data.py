@@ -60,8 +60,6 @@ def eval_sets(spec:str) -> list[dict]:
 
 def workers(cfg:Preset) -> int: return cfg.data_workers or max(1, len(os.sched_getaffinity(0)))
 
-def _counts(stats:Counter, prefix:str) -> dict: return {k[len(prefix):]: v for k, v in sorted(stats.items()) if k.startswith(prefix)}
-
 def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     "Sources -> licensed, filtered, redacted, deduplicated, decontaminated documents saved to `out`; returns the stats."
     from datasets import Dataset
@@ -73,8 +71,7 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     funnel["sampled"] = len(items)
     listing = Counter(stats)  # what listing skipped, over every source; loading counts the sample's own problems
     if cfg.data_engine == "datatrove":
-        return documents_on_datatrove(cfg, out, items, dict(funnel, skipped_listing=_counts(listing, "skip/"),
-                                                            listed_by=_counts(listing, "listed/")), nproc, log)
+        return documents_on_datatrove(cfg, out, items, funnel, listing, nproc, log)
     docs = load_documents(items, stats, cfg.max_file_bytes, allow, num_proc=nproc)
     funnel["readable, licence allowed"] = len(docs)
     if not docs: raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
@@ -111,14 +108,15 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
                 bytes_read=bytes_read, bytes=sum(len(t.encode()) for t in ds["text"]))
 
 # %% ../nbs/01_data.ipynb #951f22af
-def documents_on_datatrove(cfg:Preset, out:Path, items:list, listing:dict, nproc:int, log=None) -> dict:
+def documents_on_datatrove(cfg:Preset, out:Path, items:list, funnel:dict, listing:Counter, nproc:int, log=None) -> dict:
     "`build_documents` on datatrove's local executor (`run_corpus`): the stats, and `out/documents` in corpus order."
     from datasets import Dataset
-    from codellm_nb.scale import iter_documents, run_corpus
+    from codellm_nb.scale import counts_under, iter_documents, run_corpus
+    listing = dict(funnel, skipped_listing=counts_under(listing, "skip/"), listed_by=counts_under(listing, "listed/"))
     index = build_eval_index(eval_sets(cfg.decontaminate), n=cfg.decontam_ngram) if cfg.decontaminate.strip() else None
     work = out / "corpus"
     stats = run_corpus(items, work, cfg, index, tasks=cfg.data_tasks, workers=nproc, listing=listing,
-                       shard_bytes=cfg.shard_mb << 20, log=log)
+                       shard_bytes=cfg.shard_mb << 20, replace=True, log=log)  # the run's own folder: other settings rebuild
     if not stats["funnel"]["readable, licence allowed"]:
         raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
     docs = sorted(iter_documents(work, cfg.data_tasks), key=lambda d: d["seq"])
@@ -137,7 +135,7 @@ def pack_on_datatrove(cfg:Preset, out:Path, fp:str, log=None) -> dict:
             (log or get_logger()).info("data: token shards in shards/ are up to date"); return index
         index_path.unlink()  # stale: rebuilt below, never half-valid
     work = out / "corpus" / "packing"
-    prepare_work(work, dict(fingerprint=fp, tasks=cfg.data_tasks))
+    prepare_work(work, dict(fingerprint=fp, tasks=cfg.data_tasks), replace=True)
     run_stages(token_stages(work, out / "corpus" / "documents", cfg, cfg.data_tasks, out / "tokenizer", shards, train=False),
                work, "local", workers(cfg), log)
     return token_index(work, shards, cfg.data_tasks, len(AutoTokenizer.from_pretrained(out / "tokenizer")),
