@@ -23,8 +23,9 @@ from .dedup import EMPTY_HASH, content_hash, find_contamination, minhash_signatu
 __all__ = ['GB', 'JSONL', 'EXECUTORS', 'data_folder', 'source_bytes', 'write_item_shards', 'CountingStep', 'read_counts',
            'ReadItems', 'ReadCode', 'CleanCode', 'lsh_params', 'meta_dtype', 'CodeSignatures', 'VerifiedClusters',
            'rank_files', 'ReadTaskOutput', 'Decontaminate', 'TrainTokenizer', 'PackTokens', 'QuietLocalExecutor',
-           'make_executor', 'corpus_stages', 'token_stages', 'task_threads', 'run_stages', 'counts_under',
-           'corpus_stats', 'iter_documents', 'document_index', 'token_index', 'prepare_work', 'run_corpus']
+           'check_executor', 'make_executor', 'corpus_stages', 'token_stages', 'task_threads', 'run_stages',
+           'counts_under', 'corpus_stats', 'iter_documents', 'document_index', 'token_index', 'prepare_work',
+           'run_corpus']
 
 # %% ../nbs/01f_data.scale.ipynb #b552aa6d
 GB = 1 << 30
@@ -366,23 +367,28 @@ class QuietLocalExecutor(LocalPipelineExecutor):
 
 EXECUTORS = ("local", "slurm", "ray")
 
+def check_executor(kind:str, submit:bool=True):
+    "Fail with the fix when `kind` is unknown, Ray is not installed, or (to `submit`) Slurm's `sbatch` is not on PATH."
+    if kind not in EXECUTORS: raise ValueError(f"Unknown executor {kind!r}: use one of {', '.join(EXECUTORS)}")
+    if kind == "ray" and importlib.util.find_spec("ray") is None: raise RuntimeError("executor='ray' needs Ray: pip install 'ray[default]'")
+    if kind == "slurm" and submit and shutil.which("sbatch") is None:
+        raise RuntimeError("executor='slurm' submits with sbatch, which is not on PATH: run on a Slurm login node")
+
 def make_executor(kind:str, # local | slurm | ray
                   pipeline:list, tasks:int, workers:int, logging_dir, depends=None, name:str="data", **kw):
-    "A datatrove executor running `pipeline` as `tasks` tasks, `workers` at a time; `kw` goes to the Slurm or Ray executor."
+    """A datatrove executor running `pipeline` as `tasks` tasks, `workers` at a time; `kw` goes to the Slurm or Ray executor.
+    A Slurm executor can be built anywhere (to read its sbatch script); `run_stages` submits it."""
+    check_executor(kind, submit=False)
     if isinstance(logging_dir, os.PathLike): logging_dir = str(logging_dir)
-    if kind == "local":
-        kw = dict(start_method="fork") | kw  # task processes start with this one's modules loaded
-        return QuietLocalExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, **kw)
     if kind == "slurm":
         from datatrove.executor import SlurmPipelineExecutor
-        if shutil.which("sbatch") is None: raise RuntimeError("executor='slurm' submits with sbatch, which is not on PATH: run on a Slurm login node")
         kw = dict(time="4:00:00", partition=os.environ.get("SLURM_PARTITION", "cpu"), cpus_per_task=1, mem_per_cpu_gb=2) | kw
         return SlurmPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, job_name=name, **kw)
     if kind == "ray":
-        if importlib.util.find_spec("ray") is None: raise RuntimeError("executor='ray' needs Ray: pip install 'ray[default]'")
         from datatrove.executor.ray import RayPipelineExecutor
         return RayPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, **kw)
-    raise ValueError(f"Unknown executor {kind!r}: use one of {', '.join(EXECUTORS)}")
+    kw = dict(start_method="fork") | kw  # local: task processes start with this one's modules loaded
+    return QuietLocalExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, **kw)
 
 def corpus_stages(work, # the job's folder (an fsspec path): item shards in `items/`, everything else written beside
                   cfg:Preset, # licences, dedup and decontamination settings
@@ -434,6 +440,7 @@ def run_stages(stages, work, executor:str="local", workers:int=1, log=None, **kw
     """Run `stages` on `executor`: locally one after the other (a stage's finished tasks are skipped on a rerun),
     or submitted to Slurm or Ray, each stage depending on the one before."""
     if workers < 1 or any(t < 1 for _, _, t in stages): raise ValueError(f"workers and every stage's tasks must be at least 1, got workers={workers}")
+    check_executor(executor)
     log, prev = log or get_logger(), None
     for name, pipeline, tasks in stages:
         ex = make_executor(executor, pipeline, tasks, min(workers, tasks), f"{str(work).rstrip('/')}/logs/{name}",
@@ -548,6 +555,7 @@ def run_corpus(items:list, # source items (`list_items`), in corpus order
                                                        "num_perm", "seed")},
                     items=content_hash(json.dumps(items, sort_keys=True)), tasks=tasks, shard_bytes=shard_bytes,
                     bucket_tasks=bucket_tasks, eval=None if eval_index is None else content_hash(eval_index.hashes.tobytes().hex()), version=1)
+    check_executor(executor)  # before anything is written
     resumed = prepare_work(work, settings, replace)
     if not data_folder(f"{str(work).rstrip('/')}/items").isfile("index.json"):
         write_item_shards(items, f"{str(work).rstrip('/')}/items", tasks, shard_bytes, cfg.max_file_bytes)

@@ -98,9 +98,13 @@ def test_the_slurm_executor_runs_the_stages(tmp_path, monkeypatch):
     assert corpus_stats(tmp_path / "slurm") == local
     assert list(iter_documents(tmp_path / "slurm", 2)) == list(iter_documents(tmp_path / "local", 2))
 
-def test_bad_settings_are_refused():
-    from codellm_nb.scale import make_executor
+def test_bad_settings_are_refused(tmp_path, monkeypatch):
+    from codellm_nb.scale import make_executor, run_corpus
     with pytest.raises(ValueError, match="use one of local, slurm, ray"): make_executor("spark", [], 1, 1, "x")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch: a Slurm executor is built (to read its script), not run
+    assert make_executor("slurm", [], 2, 2, tmp_path / "logs").get_sbatch_args(2)["array"] == "0-1%2"  # 2 tasks, 2 at a time
+    with pytest.raises(RuntimeError, match="sbatch, which is not on PATH"): run_corpus([], tmp_path / "job", get_preset("tiny"), executor="slurm")
+    assert not (tmp_path / "job").exists()  # refused before anything was written
     with pytest.raises(ValueError, match="data_engine must be datatrove or datasets"): get_preset("tiny", data_engine="spark")
     with pytest.raises(ValueError, match="data_tasks and shard_mb must be at least 1"): get_preset("tiny", data_tasks=0)
 
