@@ -149,7 +149,7 @@ def connect(base_url:str, api_key:str="none", timeout:float=120):
     return client
 
 def generate_samples(client, model:str, problems:dict, n:int=1, temperature:float=0.0, top_p:float=0.95,
-                     max_tokens:int=128, workers:int=2) -> list[dict]:
+                     max_tokens:int=128, workers:int=16) -> list[dict]:
     "`{task_id, completion}` samples, `n` per problem, from an OpenAI-compatible `client`."
     import openai
     def one(job):
@@ -236,16 +236,15 @@ def evaluate_endpoint(client, model:str, cfg:Preset, problems:dict, doc_tasks:li
              request_errors=sum("error" in s for s in checked),
              official_agreement=float(np.mean([a == s["passed"] for a, s in zip(official, checked)])))
     if doc_tasks:
-        preds = []
-        for d in doc_tasks:
-            try: preds.append(client.completions.create(model=model, prompt=d["prompt"], max_tokens=48, temperature=0,
-                                                        stop=['"""']).choices[0].text.strip())
-            except openai.OpenAIError: preds.append("")  # a failed request scores zero, it does not stop the run
+        def doc(d):
+            try: return client.completions.create(model=model, prompt=d["prompt"], max_tokens=48, temperature=0, stop=['"""']).choices[0].text.strip()
+            except openai.OpenAIError: return ""  # a failed request scores zero, it does not stop the run
+        with ThreadPoolExecutor(16) as ex: preds = list(ex.map(doc, doc_tasks))
         m.update(text_scores(preds, [d["reference"] for d in doc_tasks]))
     if lines:  # held-out line completion and single-line infilling
         with t("lines"):
-            m.update(line_scores(complete_lines(client, model, lines), [x["line"] for x in lines], "line"))
-            m.update(line_scores(complete_lines(client, model, lines, fim=True), [x["line"] for x in lines], "fim"))
+            m.update(line_scores(complete_lines(client, model, lines, workers=16), [x["line"] for x in lines], "line"))
+            m.update(line_scores(complete_lines(client, model, lines, fim=True, workers=16), [x["line"] for x in lines], "fim"))
     prompts = [sft_prompt(dict(instruction=SFT_INSTRUCTION, input=p["prompt"])) for p in list(problems.values())[:8]]
     m.update(latency_profile(client, model, prompts))
     m.update(generate_s=t.times["generate"], execute_s=t.times["execute"])
