@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The project's test run: notebooks in sync, every notebook executed on the tiny preset, and pytest.
-# The notebooks (one at a time: they share runs/nbtest, each building what it needs) and pytest run side by side:
-# each alone leaves a core idle much of the time (process start-up, servers, sandboxes, two ranks waiting on
-# each other), so together they finish well before one after the other would, on any 2-core machine.
+# The stage notebooks (01_data ... 06_eval) run once, as `make pipeline` runs them: `codellm pipeline` executes them
+# with papermill into runs/nbtest, the run folder they default to, and tests/test_pipeline.py checks what it wrote
+# (manifests, report, the tutorial reading the run). nbdev_test runs every other notebook.
+# Two streams run side by side: the pipeline, then the notebooks that read its run; and pytest, then the notebooks
+# that need no run. Each alone leaves a core idle much of the time (process start-up, servers, sandboxes, two ranks
+# waiting on each other), so together they finish well before one after the other would, on any 2-core machine.
 # The fp32 path runs on every machine: tests that compare numbers force precision=fp32, while the notebooks use
 # `auto` (bf16 where the CPU has it). CODELLM_CPU_BF16=0 makes a bf16 CPU behave as one without.
 set -euo pipefail
@@ -31,15 +34,27 @@ if [ -n "$dirty" ]; then echo "nbs/ is not clean (run nbdev_clean and commit):";
 # total than with one thread per stream.
 threads=${OMP_NUM_THREADS:-$(( $(nproc) > 1 ? $(nproc) / 2 : 1 ))}
 logs=runs/test-logs; rm -rf runs/nbtest "$logs"; mkdir -p "$logs"
-echo "== notebooks (nbdev_test, tiny preset) and pytest, side by side, $threads thread(s) each; logs in $logs/"
-(cd nbs && OMP_NUM_THREADS=$threads nbdev_test --n_workers 0 --timing) > "$logs/notebooks.log" 2>&1 & nbs_pid=$!
-OMP_NUM_THREADS=$threads python -m pytest -q -p no:cacheprovider --durations=15 tests > "$logs/pytest.log" 2>&1 & py_pid=$!
-nb_rc=0; py_rc=0
-wait $py_pid || py_rc=$?; echo "   pytest finished after $((SECONDS-start)) s (exit $py_rc)"
-wait $nbs_pid || nb_rc=$?; echo "   notebooks finished after $((SECONDS-start)) s (exit $nb_rc)"
+stages='^0[1-6]_[a-z]+\.ipynb$'       # run by the pipeline
+no_run='^(00|01[a-f])'                 # the library's notebooks, which build what they show
+export OMP_NUM_THREADS=$threads
+echo "== two streams side by side, $threads thread(s) each; logs in $logs/"
+echo "   1: codellm pipeline (tiny) into runs/nbtest, its checks, then the notebooks reading it"
+echo "   2: pytest, then the notebooks that need no run"
+( rc=0
+  { codellm pipeline --preset tiny --run-dir runs/nbtest &&
+    CODELLM_PIPELINE_RUN=runs/nbtest python -m pytest -q -p no:cacheprovider tests/test_pipeline.py::test_pipeline_end_to_end; } || rc=1
+  (cd nbs && nbdev_test --n_workers 0 --timing --skip_file_re "^[_.]|$stages|$no_run") || rc=1
+  exit $rc ) > "$logs/pipeline.log" 2>&1 & one=$!
+( rc=0
+  python -m pytest -q -p no:cacheprovider --durations=40 tests --deselect tests/test_pipeline.py::test_pipeline_end_to_end || rc=1
+  (cd nbs && nbdev_test --n_workers 0 --timing --file_re "$no_run") || rc=1
+  exit $rc ) > "$logs/pytest.log" 2>&1 & two=$!
+rc1=0; rc2=0
+wait $two || rc2=$?; echo "   2 finished after $((SECONDS-start)) s (exit $rc2)"
+wait $one || rc1=$?; echo "   1 finished after $((SECONDS-start)) s (exit $rc1)"
 
 show() { if [ "$2" -eq 0 ]; then tail -n 40 "$1"; else cat "$1"; fi; }
-echo "== notebooks"; show "$logs/notebooks.log" $nb_rc
-echo "== pytest"; show "$logs/pytest.log" $py_rc
+echo "== 1: pipeline, its checks, notebooks"; show "$logs/pipeline.log" $rc1
+echo "== 2: pytest, notebooks"; show "$logs/pytest.log" $rc2
 echo "== whole test run: $((SECONDS-start)) s"
-[ $nb_rc -eq 0 ] && [ $py_rc -eq 0 ]
+[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ]
