@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_cli.ipynb #ada7d470
 from __future__ import annotations
-import argparse, json, sys, time
+import argparse, json, re, sys, time
 from pathlib import Path
 from .core import PRESETS, STAGES, get_logger, get_preset, parse_overrides
 from .measure import md_columns, md_table
@@ -82,9 +82,10 @@ def run_pipeline(run_dir, preset:str="tiny", overrides:dict|None=None, stages=No
             pm.execute_notebook(str(src / f"{nb}.ipynb"), str(out), cwd=str(src), kernel_name="python3",
                                 parameters=dict(preset=preset, run_dir=str(run_dir), overrides=parse_overrides(overrides or {})),
                                 progress_bar=False, log_output=False)
-        except pm.PapermillExecutionError as e:
-            raise RuntimeError(f"Notebook {nb} failed: {e.ename}: {e.evalue}\n(the executed notebook, with the error, "
-                               f"is {out})") from None
+        except pm.PapermillExecutionError as e:  # the cell and the end of its traceback, so a log alone says what broke
+            tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback)).strip().splitlines()[-12:]
+            raise RuntimeError(f"Notebook {nb} failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n" + "\n".join(tb) +
+                               f"\n(the executed notebook, with the error, is {out})") from None
         times[nb] = round(time.perf_counter() - t0, 1)
         echo(f"   {times[nb]} s")
     (run_dir / "timings.json").write_text(json.dumps(times, indent=2))
