@@ -3,9 +3,10 @@
 # The stage notebooks (01_data ... 06_eval) run once, as `make pipeline` runs them: `codellm pipeline` executes them
 # with papermill into runs/nbtest, the run folder they default to, and tests/test_pipeline.py checks what it wrote
 # (manifests, report, the tutorial reading the run). nbdev_test runs every other notebook.
-# Two streams run side by side: the pipeline, then the notebooks that read its run; and pytest, then the notebooks
-# that need no run. Each alone leaves a core idle much of the time (process start-up, servers, sandboxes, two ranks
-# waiting on each other), so together they finish well before one after the other would, on any 2-core machine.
+# Two streams run side by side: the pipeline, then the notebooks that read its models; and pytest, then the notebooks
+# that need no run or only its data stage (done minutes into the pipeline; the stream waits for it all the same).
+# Each alone leaves a core idle much of the time (process start-up, servers, sandboxes, two ranks waiting on each
+# other), so together they finish well before one after the other would, on any 2-core machine.
 # The fp32 path runs on every machine: tests that compare numbers force precision=fp32, while the notebooks use
 # `auto` (bf16 where the CPU has it). CODELLM_CPU_BF16=0 makes a bf16 CPU behave as one without.
 set -euo pipefail
@@ -35,11 +36,11 @@ if [ -n "$dirty" ]; then echo "nbs/ is not clean (run nbdev_clean and commit):";
 threads=${OMP_NUM_THREADS:-$(( $(nproc) > 1 ? $(nproc) / 2 : 1 ))}
 logs=runs/test-logs; rm -rf runs/nbtest "$logs"; mkdir -p "$logs"
 stages='^0[1-6]_[a-z]+\.ipynb$'       # run by the pipeline
-no_run='^(00|01[a-f])'                 # the library's notebooks, which build what they show
+no_run='^(00|01[a-f]|02a)'             # the library's notebooks: they build what they show, or read the run's data
 export OMP_NUM_THREADS=$threads
 echo "== two streams side by side, $threads thread(s) each; logs in $logs/"
-echo "   1: codellm pipeline (tiny) into runs/nbtest, its checks, then the notebooks reading it"
-echo "   2: pytest, then the notebooks that need no run"
+echo "   1: codellm pipeline (tiny) into runs/nbtest, its checks, then the notebooks reading its models"
+echo "   2: pytest, then the notebooks that need no run or only its data"
 ( rc=0
   { codellm pipeline --preset tiny --run-dir runs/nbtest &&
     CODELLM_PIPELINE_RUN=runs/nbtest python -m pytest -q -p no:cacheprovider tests/test_pipeline.py::test_pipeline_end_to_end; } || rc=1
@@ -47,6 +48,7 @@ echo "   2: pytest, then the notebooks that need no run"
   exit $rc ) > "$logs/pipeline.log" 2>&1 & one=$!
 ( rc=0
   python -m pytest -q -p no:cacheprovider --durations=40 tests --deselect tests/test_pipeline.py::test_pipeline_end_to_end || rc=1
+  until [ -f runs/nbtest/data/manifest.json ] || ! kill -0 $one 2>/dev/null; do sleep 5; done
   (cd nbs && nbdev_test --n_workers 0 --timing --file_re "$no_run") || rc=1
   exit $rc ) > "$logs/pytest.log" 2>&1 & two=$!
 rc1=0; rc2=0
