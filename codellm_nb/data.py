@@ -17,9 +17,9 @@ from .sft import (doctest_candidates, instruction_records, merge_stats, mix_reco
                             to_context_response, verify_records)
 
 # %% auto #0
-__all__ = ['DOCS_VERSION', 'DATA_FIELDS', 'fingerprint', 'cached_step', 'eval_sets', 'workers', 'build_documents',
-           'documents_on_datatrove', 'pack_on_datatrove', 'build_sft', 'build_prefs', 'shard_bytes_per_token',
-           'build_data', 'heldout_documents']
+__all__ = ['DOCS_VERSION', 'DATA_FIELDS', 'fingerprint', 'cached_step', 'eval_sets', 'workers', 'need_documents',
+           'build_documents', 'documents_on_datatrove', 'pack_on_datatrove', 'build_sft', 'build_prefs',
+           'shard_bytes_per_token', 'build_data', 'heldout_documents']
 
 # %% ../nbs/01_data.ipynb #ddbaf250
 DOCS_VERSION = 2  # bump when `build_documents` writes something different for the same settings
@@ -60,6 +60,19 @@ def eval_sets(spec:str) -> list[dict]:
 
 def workers(cfg:Preset) -> int: return cfg.data_workers or max(1, len(os.sched_getaffinity(0)))
 
+_EMPTY_FIX = {"readable, licence allowed": "check the paths, max_file_bytes and licenses",
+              "language known, quality filters passed": "the files are not code in a known language, or fail the quality rules "
+                                                        "(stats.json's filters say which)",
+              "after decontamination": "every document overlaps an evaluation set: add other sources, or set decontaminate=''"}
+
+def need_documents(funnel:dict, sources:str):
+    "Refuse a corpus once a step of its `funnel` (as far as it has run) has left no documents, naming the step and the fix."
+    steps = list(funnel)
+    for i, step in enumerate(steps[2:], 2):  # after `listed` and `sampled`
+        if not funnel[step]:
+            raise ValueError(f"No documents left in {sources!r}: none passed `{step}` (of {funnel[steps[i - 1]]} before it); "
+                             f"{_EMPTY_FIX.get(step, 'nothing was left to keep')}")
+
 def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     "Sources -> licensed, filtered, redacted, deduplicated, decontaminated documents saved to `out`; returns the stats."
     from datasets import Dataset
@@ -74,7 +87,7 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
         return documents_on_datatrove(cfg, out, items, funnel, listing, nproc, log)
     docs = load_documents(items, stats, cfg.max_file_bytes, allow, num_proc=nproc)
     funnel["readable, licence allowed"] = len(docs)
-    if not docs: raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
+    need_documents(funnel, cfg.sources)
     bytes_read = sum(len(d["text"].encode()) for d in docs)
     ds = Dataset.from_list(docs).map(_filter_batch, batched=True, batch_size=64, num_proc=nproc if len(docs) > 256 else None,
                                      desc="filter")
@@ -82,6 +95,7 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
     filt = filter_stats(infos)
     ds = ds.filter(lambda t: [x is not None for x in t], input_columns="text", batched=True).remove_columns("info")
     funnel["language known, quality filters passed"] = len(ds)
+    need_documents(funnel, cfg.sources)
     ds = ds.map(lambda b: {"id": [content_hash(t)[:16] for t in b]}, input_columns="text", batched=True)
     ds, dd = deduplicate(ds, num_proc=nproc if len(ds) > 256 else None, threshold=cfg.dedup_threshold,
                          num_perm=cfg.num_perm, shingle_size=cfg.shingle_size, seed=cfg.seed + 1)
@@ -92,6 +106,7 @@ def build_documents(cfg:Preset, out:Path, log=None) -> dict:
         keep, dc = decontaminate(ds["text"], build_eval_index(eval_sets(cfg.decontaminate), n=cfg.decontam_ngram), ds["path"])
         ds = ds.select(keep)
     funnel["after decontamination"] = len(ds)
+    need_documents(funnel, cfg.sources)
     if "minhash" in ds.column_names: ds = ds.remove_columns("minhash")
     ds.save_to_disk(str(out / "documents"))
     kept = Counter({k.split("/", 2)[2]: v for k, v in stats.items() if k.startswith("license/kept/")})
@@ -117,8 +132,7 @@ def documents_on_datatrove(cfg:Preset, out:Path, items:list, funnel:dict, listin
     work = out / "corpus"
     stats = run_corpus(items, work, cfg, index, tasks=cfg.data_tasks, workers=nproc, listing=listing,
                        shard_bytes=cfg.shard_mb << 20, replace=True, log=log)  # the run's own folder: other settings rebuild
-    if not stats["funnel"]["readable, licence allowed"]:
-        raise ValueError(f"No usable source files in {cfg.sources!r}: check the paths, max_file_bytes and licenses")
+    need_documents(stats["funnel"], cfg.sources)
     docs = sorted(iter_documents(work, cfg.data_tasks), key=lambda d: d["seq"])
     Dataset.from_list([{k: v for k, v in d.items() if k != "seq"} for d in docs]).save_to_disk(str(out / "documents"))
     (log or get_logger()).info(f"data: {len(docs)} documents from {stats['funnel']['listed']:,} listed items")

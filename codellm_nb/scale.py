@@ -84,9 +84,9 @@ class CountingStep(PipelineStep):
         with self.counts_folder.open(f"{self.name}/{rank:05d}.json", "wt") as f: json.dump(dict(counts), f, sort_keys=True)
 
 def read_counts(counts_folder, name:str) -> Counter:
-    "The counts step `name` saved, summed over every task that has finished."
+    "The counts step `name` saved, summed over every task that has finished (only the `<rank>.json` files `save_counts` writes)."
     df, total = data_folder(counts_folder), Counter()
-    for p in df.list_files(name):
+    for p in df.list_files(name, glob_pattern="[0-9]*.json"):  # a step may keep other files beside them (removed documents)
         with df.open(p, "rt") as f: total.update(json.load(f))
     return total
 

