@@ -45,14 +45,15 @@ def _python_dirs() -> list[str]:
                   {os.path.abspath(sys.prefix)})  # the venv as it is named, too (its interpreter is run by that path)
     return [d for i, d in enumerate(dirs) if not any(d.startswith(o + os.sep) for o in dirs[:i])]
 
-def bwrap_argv(uid:int|None, disk_mb:int=64) -> list[str]:
-    "`bwrap` arguments (up to the command) for a sample: fresh namespaces, a read-only OS and Python, private tmpfs."
+def bwrap_argv(uid:int|None, disk_mb:int=64, hide=()) -> list[str]:
+    "`bwrap` arguments (up to the command) for a sample: fresh namespaces, a read-only OS and Python, private tmpfs; `hide` emptied."
     a = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
          "--die-with-parent", "--new-session", "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
     if uid is None: a += ["--unshare-user"]
     for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(d): a += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d): a += ["--ro-bind", d, d]
+    a += ["--perms", "0755", "--dir", "/etc"]  # bwrap would make it 0700: the sample's user could read nothing in it
     for f in _ETC: a += ["--ro-bind-try", f"/etc/{f}", f"/etc/{f}"]
     size, made = str(disk_mb << 20), {"/", "/usr", "/tmp", "/var/tmp", "/dev/shm", "/sandbox"}
     for d in ("/tmp", "/var/tmp", "/dev/shm", "/sandbox"):  # before the interpreter: a venv may live in /tmp
@@ -64,6 +65,9 @@ def bwrap_argv(uid:int|None, disk_mb:int=64) -> list[str]:
             parent = str(Path(*parts[:i]))
             if parent not in made: a += ["--perms", "0755", "--dir", parent]; made.add(parent)
         a += ["--ro-bind", d, d]
+    for h in map(os.path.realpath, hide):  # e.g. an evaluation set inside an installed package: an empty folder instead
+        if os.path.isdir(h): a += ["--tmpfs", h]
+        elif os.path.exists(h): a += ["--ro-bind", "/dev/null", h]
     return a + ["--chdir", "/sandbox"]
 
 def _drop_to(uid:int) -> list[str]:
@@ -162,31 +166,44 @@ def run_program(program:str,       # Python source, run as a script
                 mem_mb:int=4096,   # address-space limit
                 nproc:int=16,      # processes and threads its user may have
                 disk_mb:int=64,    # size of each private tmpfs (its directory, /tmp, /var/tmp, /dev/shm)
-                max_output:int=4000) -> dict: # bytes kept of the end of stdout and of stderr
+                max_output:int=4000, # bytes kept of the end of stdout and of stderr
+                pass_fds=(),       # descriptors handed to the program (same numbers there; closed here once it has them)
+                hide=(),           # host paths it must not read (emptied in its file system; needs bwrap)
+                stop:threading.Event|None=None) -> dict: # set it to end the program early (it is set when the program ends)
     "Run `program` in a sandboxed Python process: `{passed, result, stdout, stderr}`."
     caps, token = capabilities(), secrets.token_hex(16)
-    uid, lock = _claim_uid() if caps["own_user"] else (None, None)
-    host_tmp = None if caps["private_fs"] else tempfile.mkdtemp(prefix="sandbox-")
+    stop = stop or threading.Event()
+    try:
+        uid, lock = _claim_uid() if caps["own_user"] else (None, None)
+        host_tmp = None if caps["private_fs"] else tempfile.mkdtemp(prefix="sandbox-")
+    except BaseException:
+        for fd in pass_fds: os.close(fd)
+        raise
     try:
         limits = _limits(uid, math.ceil((timeout + 1) * (os.cpu_count() or 1)), mem_mb, disk_mb, nproc)
         if caps["private_fs"]:
-            cmd, cwd, pre = _prlimit_argv(limits) + bwrap_argv(uid, disk_mb) + (_drop_to(uid) if uid is not None else []), "/", None
+            cmd, cwd, pre = _prlimit_argv(limits) + bwrap_argv(uid, disk_mb, hide) + (_drop_to(uid) if uid is not None else []), "/", None
             paths = [d for d in site.getsitepackages() if os.path.isdir(d)]  # `-S` starts faster; packages stay importable
         else:
             cmd, cwd, paths, pre = [], Path(host_tmp), [], _child_setup(uid, limits, caps["no_network"])
             if uid is not None: os.chown(cwd, uid, uid)
         cmd += [caps["python"], "-I", "-S", "-"]
         head = f"import signal, sys; sys.path += {paths!r}; signal.setitimer(signal.ITIMER_REAL, {timeout})\n"
-        p = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env={"PATH": "/usr/bin:/bin", "HOME": "/sandbox" if caps["private_fs"] else str(cwd),
-                                  "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}, start_new_session=True, preexec_fn=pre)
+        try:
+            p = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
+                                 env={"PATH": "/usr/bin:/bin", "HOME": "/sandbox" if caps["private_fs"] else str(cwd),
+                                      "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}, start_new_session=True, preexec_fn=pre)
+        finally:
+            for fd in pass_fds: os.close(fd)  # the program has its copies: its peer sees their end when it exits
         tails = [[], []]
         readers = [threading.Thread(target=_tail, args=(s, max_output, t), daemon=True) for s, t in zip((p.stdout, p.stderr), tails)]
         for r in readers: r.start()
         try: p.stdin.write((head + program + f"\nprint({token!r}, flush=True)\n").encode()); p.stdin.close()
         except BrokenPipeError: pass
-        killer = threading.Timer(timeout + 1, _kill_group, (p,)); killer.start()  # bwrap's namespace dies with it
-        p.wait(); killer.cancel()  # a blocking wait returns the moment it ends (a timed one polls)
+        def killer():  # after the time limit, or when stopped early; bwrap's namespace dies with it
+            stop.wait(timeout + 1); _kill_group(p)
+        threading.Thread(target=killer, daemon=True).start()
+        p.wait(); stop.set()  # a blocking wait returns the moment it ends (a timed one polls)
         if uid is not None and not caps["private_fs"]: _kill_user(uid)
         for r in readers: r.join(5)
         if p.returncode == 125 and not caps["private_fs"]: raise RuntimeError("The sandbox could not isolate the network (unshare failed)")

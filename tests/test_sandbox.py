@@ -206,3 +206,18 @@ def test_each_running_sample_has_a_user_of_its_own_across_processes():
         other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert other.returncode == 0 and int(other.stdout.split()[-1]) in SANDBOX_UIDS and int(other.stdout.split()[-1]) != uid
     finally: os.close(lock)
+
+@private_fs
+def test_one_sample_sees_nothing_another_wrote():
+    "What a sample leaves in every place it may write is gone for the next one (a forged pass could reuse it)."
+    name = f"left-{os.getpid()}.txt"
+    places = ("/sandbox", "/tmp", "/var/tmp", "/dev/shm")
+    assert run_program("".join(f"open({f'{d}/{name}'!r}, 'w').write('x')\n" for d in places))["passed"]
+    r = run_program(f"import os; print([os.path.exists(d + '/{name}') for d in {places!r}])")
+    assert r["passed"] and r["stdout"].startswith("[False, False, False, False]"), r
+
+@private_fs
+def test_the_system_files_a_program_may_read_are_readable():
+    "Users, groups and the time zone (bound from the host) can be read by the sample's user: /etc was once 0700."
+    r = run_program("import pwd, time; print(pwd.getpwuid(0).pw_name, open('/etc/group').read()[:4], time.localtime().tm_zone)")
+    assert r["passed"] and r["stdout"].split()[:2] == ["root", "root"], r
