@@ -7,9 +7,10 @@ BIN := $(VENV)/bin
 PRESET ?= tiny
 RUN ?= runs/$(PRESET)
 
-.PHONY: venv vllm llamacpp llamacpp-wheel setup sandbox tools browser system-packages pipeline test export notebooks clean docs lab
+.PHONY: venv vllm llamacpp llamacpp-wheel setup sandbox tools browser system-packages pipeline test test-stress export notebooks clean docs lab
 
 $(BIN)/.installed: settings.ini setup.py
+	@$(PYTHON) scripts/check_python.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip
 	$(BIN)/python -m pip install -q -e ".[dev]"
@@ -45,9 +46,11 @@ sandbox:
 	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)
 	@command -v bwrap >/dev/null || echo "note: bubblewrap (bwrap) is not installed: samples run without a private file system"
 
-# promtool, which tests/test_deploy.py runs on deploy/prometheus: into .tools/bin, no root needed.
+# promtool, which tests/test_deploy.py runs on deploy/prometheus, and the Continue CLI, which tests/test_clients.py points at
+# the gateway: into .tools/, no root needed (the CLI from npm).
 tools:
 	bash scripts/promtool.sh
+	bash scripts/clients.sh
 
 # Headless Chromium, in which the docs are checked as a reader sees them (tests/test_docs.py). As root on Debian/Ubuntu
 # it is installed here (Playwright drives the system's browser: nothing is downloaded from its CDN).
@@ -62,6 +65,12 @@ pipeline: setup
 test: SYSTEM = system-packages tools
 test: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/test.sh
+
+# The concurrency-sensitive tests five times under a CPU hog, and the generated-input tests with ten times the examples
+# (about an hour on 2 cores): a test that can fail under load fails here first.
+test-stress: SYSTEM = system-packages tools
+test-stress: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/stress.sh
 
 system-packages:
 	@$(MAKE) --no-print-directory sandbox; $(MAKE) --no-print-directory browser

@@ -76,9 +76,9 @@ def test_packed_full_sft_updates_every_layer_and_saves_no_adapter(data_run, tmp_
 
 def test_training_prompt_is_the_served_prompt(data_run, base):
     from transformers import AutoTokenizer
-    from codellm_nb.serve import TransformersEngine
+    from codellm_nb.serve import render_chat
     tok = AutoTokenizer.from_pretrained(base)
-    served = lambda msgs: TransformersEngine.chat_prompt(SimpleNamespace(tok=tok), msgs)  # what the gateway renders
+    served = lambda msgs: render_chat(tok, msgs)  # what the gateway renders
     exs, _ = load_sft(data_run / "data" / "sft.jsonl")
     chats = [e for e in exs if e["kind"] == "chat"][:20]
     for ex in chats:

@@ -13,21 +13,21 @@ def tok(tmp_path_factory):
     return train_tokenizer(texts, 600, tmp_path_factory.mktemp("tok"))
 
 class Scripted:
-    "An engine that answers from a script (greedy: `greedy`, sampled: the next of `sampled`) and records its prompts."
+    """An engine that answers from a script (greedy: `greedy`, or `reply(prompt)` if given; sampled: the next of `sampled`)
+    and records its prompts."""
     kind = "scripted"
-    def __init__(self, tok, greedy="", sampled=(), context=128, delay=0.0, finish="stop"):
+    def __init__(self, tok, greedy="", sampled=(), context=128, delay=0.0, finish="stop", reply=None):
         self.tok, self.greedy, self.sampled, self.context, self.delay, self.finish = tok, greedy, list(sampled), context, delay, finish
-        self.name, self.prompts, self.budgets, self.is_ready = "scripted", [], [], True
+        self.name, self.prompts, self.budgets, self.is_ready, self.reply = "scripted", [], [], True, reply
     def ready(self): return self.is_ready
     def health(self): return dict(engine=self.kind, replicas=[dict(index=0, healthy=self.is_ready, restarts=0, inflight=None, pid=0)],
                                   failovers=0, recoveries_s=[])
     def count(self, text): return len(self.tok(text, add_special_tokens=False).input_ids)
-    def chat_prompt(self, messages): return "".join(m["content"] for m in messages)
     def close(self): pass
     async def stream(self, prompt, max_tokens=16, temperature=0.0, top_p=1.0, stop=None, seed=None):
         self.prompts.append(prompt); self.budgets.append(max_tokens)
         await asyncio.sleep(self.delay)
-        text = self.sampled.pop(0) if temperature > 0 and self.sampled else self.greedy
+        text = self.sampled.pop(0) if temperature > 0 and self.sampled else self.reply(prompt) if self.reply else self.greedy
         yield text
         yield dict(finish_reason=self.finish, prompt_tokens=self.count(prompt), completion_tokens=self.count(text))
 
@@ -129,3 +129,71 @@ def test_evaluation_stops_when_most_requests_are_refused(tok):
     assert [s["completion"] for s in generate_samples(oai, "scripted", problems, workers=1)] == ["    return 1\n"] * 4
     with pytest.raises(RuntimeError, match="4 of 4 generation requests failed.*does not exist"):
         generate_samples(oai, "another", problems, workers=1)
+
+
+READ = dict(type="function", function=dict(name="read_file", description="Read a file",
+                                           parameters=dict(type="object", properties=dict(path=dict(type="string")), required=["path"])))
+CALL = '<tool_call>\n{"name": "read_file", "arguments": {"path": "notes.txt"}}\n</tool_call>'
+
+def test_tool_calls_reach_the_official_client_whole_and_streamed(tok):
+    "A Hermes call in the answer is an OpenAI tool call, with the text before it as content; streamed, the same."
+    eng = Scripted(tok, greedy="Let me read it.\n" + CALL, context=1024)
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=client(eng), max_retries=0)
+    ask = dict(model="scripted", messages=[{"role": "user", "content": "What does notes.txt say?"}], tools=[READ], max_tokens=64)
+    r = oai.chat.completions.create(**ask)
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and m.content == "Let me read it.\n"  # the text before the call, as vLLM
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls] == [("read_file", {"path": "notes.txt"})]
+    assert "<tools>" in eng.prompts[-1] and '"name": "read_file"' in eng.prompts[-1]  # the tools were in the prompt
+    chunks = list(oai.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert text == "Let me read it.\n" and [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [("read_file", {"path": "notes.txt"})]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls" and chunks[-1].usage.total_tokens > 0
+
+def test_a_tool_result_comes_back_into_the_prompt_and_text_stays_text(tok):
+    eng = Scripted(tok, greedy="notes.txt says: buy milk", context=1024)
+    c = client(eng)
+    msgs = [{"role": "user", "content": "What does notes.txt say?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                   "function": {"name": "read_file", "arguments": '{"path": "notes.txt"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "buy milk"}]
+    r = c.post("/v1/chat/completions", json=dict(messages=msgs, tools=[READ], max_tokens=32)).json()
+    assert r["choices"][0]["message"] == {"role": "assistant", "content": "notes.txt says: buy milk"} and r["choices"][0]["finish_reason"] == "stop"
+    assert "<tool_response>\nbuy milk\n</tool_response>" in eng.prompts[-1] and CALL in eng.prompts[-1]
+    eng.greedy = '<tool_call>{"name": "delete_everything", "arguments": {}}</tool_call>'  # not one of the tools: text
+    r = c.post("/v1/chat/completions", json=dict(messages=msgs[:1], tools=[READ], max_tokens=32)).json()
+    assert r["choices"][0]["message"]["content"] == eng.greedy and "tool_calls" not in r["choices"][0]["message"]
+
+def test_tool_choice_none_named_and_required(tok):
+    eng = Scripted(tok, greedy='{"path": "a.py"}}\n</tool_call>', context=1024)
+    c, ask = client(eng), dict(messages=[{"role": "user", "content": "Read a.py"}], tools=[READ], max_tokens=32)
+    r = c.post("/v1/chat/completions", json=dict(ask, tool_choice={"type": "function", "function": {"name": "read_file"}})).json()
+    assert eng.prompts[-1].endswith('<tool_call>\n{"name": "read_file", "arguments": ')  # the call is begun for the model
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in r["choices"][0]["message"]["tool_calls"]] == [("read_file", '{"path": "a.py"}')]
+    eng.greedy = 'read_file", "arguments": {"path": "b.py"}}\n</tool_call>'
+    r = c.post("/v1/chat/completions", json=dict(ask, tool_choice="required")).json()
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"path": "b.py"}'
+    eng.greedy = "no tools for this"
+    r = c.post("/v1/chat/completions", json=dict(ask, tool_choice="none")).json()
+    assert r["choices"][0]["message"]["content"] == "no tools for this" and "<tools>" not in eng.prompts[-1]
+
+def test_bad_tools_are_named_without_echoing_them(tok):
+    c = client(Scripted(tok, context=1024))
+    big = [dict(READ, function=dict(READ["function"], name="x" * 4000))]
+    r = c.post("/v1/chat/completions", json=dict(messages=[{"role": "user", "content": "hi"}], tools=big))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.name" and len(r.text) < 400, r.text
+    r = c.post("/v1/chat/completions", json=dict(messages=[{"role": "user", "content": "hi"}], tools=[READ], tool_choice={"type": "function", "function": {"name": "rm"}}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    r = c.post("/v1/completions", json=dict(prompt="x", logit_bias={str(i): 1 for i in range(2000)}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias" and len(r.text) < 400, r.text
+
+def test_a_template_that_renders_tools_itself_gets_them(tok):
+    "Qwen-style templates take `tools` themselves: the gateway hands them over instead of writing its own block."
+    import copy
+    own = copy.deepcopy(tok)
+    own.chat_template = ("{% if tools %}TOOLS {% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}"
+                         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    eng = Scripted(own, greedy="ok", context=1024)
+    client(eng).post("/v1/chat/completions", json=dict(messages=[{"role": "user", "content": "hi"}], tools=[READ]))
+    assert eng.prompts[-1] == "TOOLS read_file user: hi\nassistant:"  # (the template engine trims the newline after a block)

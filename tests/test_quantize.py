@@ -60,12 +60,32 @@ def test_llama_cpp_engine_batches_more_clients_than_slots(model, tmp_path):
             s = eng.stream(PROMPTS[0], max_tokens=200)
             await s.__anext__(); await s.aclose()  # the client goes after its first delta
         asyncio.run(leave_early())
-        for _ in range(100):
-            if eng.active == 0: break
-            time.sleep(0.05)
-        assert eng.active == 0 and eng.served == len(PROMPTS) + 1
+        deadline = time.time() + 30  # the departing request frees its slot at the engine's next step
+        while eng.counts()["active"] and time.time() < deadline: time.sleep(0.02)
+        assert eng.counts() == dict(received=len(PROMPTS) + 1, served=len(PROMPTS) + 1, active=0, waiting=0)
     finally: eng.close()
     with pytest.raises(Exception, match="closed"): asyncio.run(collect(eng.stream("x = 1", max_tokens=4)))
+
+def test_llama_cpp_engine_counts_add_up_whenever_read(model, tmp_path):
+    "Read from another thread all through a burst (clients leaving early too): the counts never contradict each other."
+    import threading
+    eng, seen, done = LlamaCppEngine(to_gguf(model, tmp_path / "f32", "f32"), slots=2), [], threading.Event()
+    def watch():
+        while not done.is_set(): seen.append(eng.counts())
+    reader = threading.Thread(target=watch); reader.start()
+    try:
+        async def burst():
+            async def leave(p):
+                s = eng.stream(p, max_tokens=50); await s.__anext__(); await s.aclose()
+            await asyncio.gather(*[collect(eng.stream(p, max_tokens=12)) for p in PROMPTS], *[leave(p) for p in PROMPTS[:3]])
+        asyncio.run(burst())
+        deadline = time.time() + 30
+        while eng.counts()["active"] and time.time() < deadline: time.sleep(0.02)
+    finally: done.set(); reader.join(); eng.close()
+    n = len(PROMPTS) + 3
+    assert len(seen) > 10 and seen[-1] == dict(received=n, served=n, active=0, waiting=0), seen[-1]
+    for a, b in zip(seen, seen[1:]):
+        assert 0 <= b["active"] <= 2 and b["waiting"] >= 0 and b["received"] >= a["received"] and b["served"] >= a["served"], (a, b)
 
 def test_llama_cpp_engine_fails_one_request_not_the_thread(model, tmp_path, monkeypatch):
     "Sampling that raises mid-decode (e.g. logits that are not finite) fails that request; the engine keeps serving."
