@@ -62,3 +62,19 @@ def test_the_order_check_sees_late_imports(tmp_path, bad):
     mod = tmp_path / "early.py"
     mod.write_text(f"# %% ../nbs/00_core.ipynb #x\ndef f():\n    {bad}\n")
     assert project_imports(mod) == {"serve"}
+
+def test_every_requirement_runs_on_the_declared_python():
+    "settings.ini's `min_python` is what the requirements allow: each installed requirement's Requires-Python admits it."
+    import configparser, shlex
+    from importlib.metadata import PackageNotFoundError, distribution
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    cfg = configparser.ConfigParser(delimiters=["="]); cfg.read(LIB.parent / "settings.ini")
+    ini = cfg["DEFAULT"]
+    low = ini["min_python"]
+    refused = []
+    for req in map(Requirement, shlex.split(ini["requirements"]) + ini["dev_requirements"].split()):
+        try: needs = distribution(req.name).metadata.get("Requires-Python")
+        except PackageNotFoundError: continue  # an optional one this environment lacks
+        if needs and not SpecifierSet(needs).contains(low, prereleases=True): refused.append(f"{req.name} needs Python {needs}")
+    assert not refused, f"min_python = {low}, but: {refused}"
