@@ -245,3 +245,83 @@ def test_prefetch_thread_stops_cleanly():
     with pytest.raises(OSError, match="disk gone"):
         for _ in range(100): next(ld)
     assert ld._thread is None and threading.active_count() == before
+
+# Generated inputs (hypothesis): text nobody chose, documents cut into chunks at every place, shard borders, resume points.
+from hypothesis import given, settings, strategies as st
+from conftest import examples
+from codellm_nb.tokenizer import ShardedTokens
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300) | st.sampled_from(ODD) | \
+       st.lists(st.sampled_from(["<|eos|>", "<|user|>", "<|lang=go|>", "    ", "\t", "\r\n", "def", "x", "é", "🙂", "\x00"]),
+                max_size=30).map("".join)
+
+@pytest.fixture(scope="module")
+def fast(tok_dir):
+    "The backend tokenizer, encoding special-token text as text (as packing does)."
+    bt = Tokenizer.from_file(str(tok_dir / "tokenizer.json")); bt.encode_special_tokens = True
+    return bt
+
+@pytest.mark.generated
+@given(text=TEXT)
+@settings(**examples(200))
+def test_any_text_round_trips(fast, text):
+    assert fast.decode(fast.encode(text, add_special_tokens=False).ids, skip_special_tokens=False) == text
+
+def reference_pack(docs:list[dict], bt, val_frac:float, lo:int, hi:int|None) -> dict:
+    "What `pack_shards` must write, the simplest way: each kept document as [tag] + ids + [eos], split by id, in order."
+    vocab, out = bt.get_vocab(with_added_tokens=True), {"train": [], "val": []}
+    for d in docs:
+        ids, tag = bt.encode(d["text"], add_special_tokens=False).ids, vocab.get(f"<|lang={d['lang']}|>")
+        if tag is None or len(ids) < lo or hi is not None and len(ids) > hi: continue
+        out["val" if is_val(d["id"], val_frac) else "train"] += [tag, *ids, vocab["<|eos|>"]]
+    return out
+
+DOC = st.fixed_dictionaries(dict(text=TEXT, lang=st.sampled_from([*LANGS, "cobol"])))
+
+@pytest.mark.generated
+@given(docs=st.lists(DOC, min_size=1, max_size=25), chunk=st.integers(1, 10), lo=st.integers(0, 20),
+       hi=st.none() | st.integers(20, 200), val=st.sampled_from([0.0, 0.3, 1.0]))
+@settings(**examples(12))
+def test_packing_writes_what_a_plain_loop_writes(fast, tok, tmp_path_factory, docs, chunk, lo, hi, val):
+    "Chunk borders anywhere (resumable chunks of `chunk` documents), every window and split: the same token streams."
+    docs = [dict(d, id=f"d{i}") for i, d in enumerate(docs)]
+    out = tmp_path_factory.mktemp("pack")
+    index = pack_shards(Dataset.from_list(docs), tok, out, val_frac=val, min_tokens=lo, max_tokens=hi, chunk_docs=chunk)
+    want = reference_pack(docs, fast, val, lo, hi)
+    for s in ("train", "val"):
+        assert np.fromfile(out / f"{s}.bin", dtype=index["dtype"]).tolist() == want[s], s
+        assert index[s]["tokens"] == len(want[s])
+
+@pytest.mark.generated
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), data=st.data())
+@settings(**examples(100))
+def test_sharded_tokens_read_as_their_concatenation(sizes, data):
+    "Slices across any shard borders (empty shards too), indexing from either end, len, max: as one numpy array."
+    rng = np.random.default_rng(len(sizes))
+    parts = [rng.integers(0, 60000, n).astype(np.uint16) for n in sizes]
+    whole, sharded = np.concatenate(parts), ShardedTokens(parts, np.uint16)
+    assert len(sharded) == len(whole) and np.array_equal(np.asarray(sharded), whole)
+    if len(whole):
+        a = data.draw(st.integers(-len(whole) - 5, len(whole) + 5)); b = data.draw(st.integers(-len(whole) - 5, len(whole) + 5))
+        assert np.array_equal(sharded[a:b], whole[a:b]) and sharded.max() == whole.max()
+        i = data.draw(st.integers(-len(whole), len(whole) - 1))
+        assert sharded[i] == whole[i]
+
+@pytest.mark.generated
+@given(n_blocks=st.integers(2, 60), seq=st.sampled_from([1, 4, 16]), micro=st.integers(1, 4), world=st.integers(1, 3),
+       stop=st.integers(0, 80), prefetch=st.integers(0, 3))
+@settings(**examples(40))
+def test_the_loader_resumed_anywhere_continues_as_if_never_stopped(n_blocks, seq, micro, world, stop, prefetch):
+    "Every rank, stopped after any step (epoch boundaries included) and restored from its state: the same batches."
+    tokens = np.random.default_rng(n_blocks).integers(0, 500, n_blocks * seq + 3).astype(np.uint16)
+    if n_blocks // (micro * world) == 0: return  # fewer blocks than one global batch: refused, tested above
+    for rank in range(world):
+        full = TokenLoader(tokens, seq, micro, rank=rank, world=world, seed=1, prefetch=0)
+        ref = [next(full) for _ in range(stop + 5)]
+        a = TokenLoader(tokens, seq, micro, rank=rank, world=world, seed=1, prefetch=prefetch)
+        for _ in range(stop): next(a)
+        state = json.loads(json.dumps(a.state_dict())); a.close()
+        b = TokenLoader(tokens, seq, micro, rank=rank, world=world, seed=1, prefetch=prefetch)
+        b.load_state_dict(state)
+        assert all(torch.equal(next(b), r) for r in ref[stop:])
+        b.close()
