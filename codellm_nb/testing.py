@@ -293,7 +293,7 @@ PROGRAM_PROBLEMS = [
              ["assert candidate([7, 8]) == 7", "try:\n        candidate([])\n        assert False\n    except IndexError:\n        pass"]),
     _problem("depth", "n", "n, counted by recursion.", "return 0 if n == 0 else 1 + depth(n - 1)", "return n - 1",
              ["assert candidate(10) == 10", "assert candidate(400) == 400"]),
-    _problem("pairs", "d", "The items of d as sorted tuples.", "return sorted(d.items())", "return list(d.items())[::-1]",
+    _problem("pairs", "d", "The items of d as sorted tuples.", "return sorted(d.items())", "return list(d.items())",
              ["assert candidate({'b': 2, 'a': 1}) == [('a', 1), ('b', 2)]", "assert candidate({}) == []"]),
 ]
 
