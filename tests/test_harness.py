@@ -81,3 +81,21 @@ def test_official_verdicts_are_called_as_the_official_command_line_calls_them():
     p = dict(task_id="deep", prompt='def depth(n):\n    """n."""\n', entry_point="depth", test=f"def check(c):\n    assert c({n}) == {n}\n")
     body = "    return 0 if n == 0 else 1 + depth(n - 1)\n"
     assert official_verdicts([dict(task_id="deep", completion=body)], {"deep": p}) == [True] == [check_sample(p, body)["passed"]]
+
+def test_a_kept_tests_process_survives_what_a_check_does_to_it():
+    "A timed-out check, then a correct one, then the process killed: each next check gets its own right verdict."
+    from codellm_nb.harness import TestsProcess
+    p = load_problems()["HumanEval/0"]
+    with TestsProcess() as t:
+        assert check_sample(p, "    import time; time.sleep(30)\n", timeout=1, tests=t)["result"] == "timed out"
+        assert check_sample(p, p["canonical_solution"], tests=t)["passed"]
+        t.proc.kill(); t.proc.wait()  # a tests' process that died is started again
+        assert check_sample(p, p["canonical_solution"], tests=t)["passed"]
+        assert not check_sample(p, "    return True\n", tests=t)["passed"]
+
+def test_tests_that_draw_random_inputs_give_the_same_verdict_every_time():
+    "A solution wrong on even numbers, tests drawing three numbers: passed or failed, but the same on every run."
+    p = dict(task_id="odd", prompt='def same(x):\n    """x."""\n', entry_point="same",
+             test="import random\ndef check(c):\n    for _ in range(3):\n        x = random.randint(0, 9)\n        assert c(x) == x\n")
+    verdicts = {check_sample(p, "    return x if x % 2 else -1\n")["result"] for _ in range(8)}
+    assert len(verdicts) == 1, verdicts
