@@ -24,7 +24,7 @@ def official(problem:dict, completion:str) -> dict:
 @pytest.mark.generated
 @given(problem=st.integers(0, len(PROGRAM_PROBLEMS) - 1), variant=st.integers(0, len(PROGRAM_VARIANTS) - 1),
        parts=st.lists(st.integers(0, len(PROGRAM_PARTS) - 1), max_size=3))
-@settings(**examples(30))
+@settings(**examples(20))
 def test_same_verdicts_as_the_official_harness_on_generated_programs(problem, variant, parts):
     "Every disagreement is one the harness makes on purpose (a part marked so in `PROGRAM_PARTS`), and goes that way."
     p, completion, names = program_case(problem, variant, parts)
