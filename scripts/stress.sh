@@ -15,9 +15,10 @@ CONCURRENT=(tests/test_engines.py tests/test_gateway.py tests/test_serve.py test
             tests/test_quantize.py::test_llama_cpp_engine_fails_one_request_not_the_thread)
 logs=runs/stress-logs; rm -rf "$logs"; mkdir -p "$logs"
 hogs=()
-for _ in $(seq "$(nproc)"); do python3 -c 'while True: pass' & hogs+=($!); done  # as many busy processes as cores
+cores=$(getconf _NPROCESSORS_ONLN)  # (nproc would answer OMP_NUM_THREADS)
+for _ in $(seq "$cores"); do python3 -c 'while True: pass' & hogs+=($!); done  # as many busy processes as cores
 trap 'kill "${hogs[@]}" 2>/dev/null' EXIT
-echo "== $(nproc) busy processes beside the tests; $ROUNDS rounds of the concurrency-sensitive tests; logs in $logs/"
+echo "== $cores busy processes beside the tests; $ROUNDS rounds of the concurrency-sensitive tests; logs in $logs/"
 failed=()
 for r in $(seq "$ROUNDS"); do
   start=$SECONDS
