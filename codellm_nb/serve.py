@@ -1389,7 +1389,8 @@ def start_server(model_or_run, api_key:str|None=None, name:str|None=None, port:i
     cmd += ["--draft", str(draft), "--spec-tokens", str(spec_tokens)] if draft is not None else []
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     log = open(Path(path) / f".server-{port}.log", "w+")
-    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                         preexec_fn=_die_with_parent)  # our own process killed, the server goes too
     url, t0 = f"http://127.0.0.1:{port}", time.time()
     try:
         while True:

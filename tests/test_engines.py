@@ -162,6 +162,27 @@ def test_sigterm_lets_the_streams_in_flight_finish_then_stops_the_replicas(model
         while (running(gateway) or group_alive(replica)) and time.time() - t0 < 30: time.sleep(0.2)
         assert not running(gateway) and not group_alive(replica), "the gateway or its replica outlived the drain"
 
+def test_a_killed_caller_leaves_no_server_behind(model):
+    """`start_server`'s caller killed by SIGKILL (an OOM kill, a cancelled job) runs no `finally`: the gateway it started and the
+    gateway's replica must still go, not hold their ports and memory as orphans."""
+    import subprocess, sys
+    caller = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom codellm_nb.serve import start_server\n"
+                               "with start_server(sys.argv[1], name='tiny', engine='transformers', replicas=1) as url:\n"
+                               "    print(url, flush=True); time.sleep(600)\n", str(model)], stdout=subprocess.PIPE, text=True)
+    started = []  # both lead sessions of their own
+    try:
+        url = caller.stdout.readline().strip()
+        assert url, "the caller's server did not come up"
+        h = health(url); started = [gateway, replica] = h["pid"], h["replicas"][0]["pid"]
+        caller.kill(); caller.wait()
+        t0 = time.time()
+        while (running(gateway) or group_alive(replica)) and time.time() - t0 < 30: time.sleep(0.2)
+        assert not running(gateway) and not group_alive(replica), "the gateway or its replica outlived the process that started it"
+    finally:
+        caller.kill(); caller.wait()
+        for pid in filter(running, started):  # a failure here leaves no orphan to the tests that follow
+            os.killpg(pid, signal.SIGKILL)
+
 @pytest.fixture(scope="module")
 def adapter(model, tmp_path_factory):
     "A LoRA adapter over the fixture model with random (not zero) weights, so that it changes what the model says."
