@@ -4,7 +4,7 @@
 
 # %% ../nbs/06a_eval.harness.ipynb #dd771cd6
 from __future__ import annotations
-import ast, builtins, functools, importlib.util, inspect, json, os, random, signal, socket, struct, subprocess, sys, threading
+import ast, builtins, functools, importlib.util, inspect, json, os, random, select, signal, socket, struct, subprocess, sys, threading
 from pathlib import Path
 from .sandbox import run_program
 
@@ -205,13 +205,13 @@ def serve_tests(sock_fd:int):
     import socket
     sock = socket.socket(fileno=sock_fd)
     while True:
-        msg, fds, _, _ = socket.recv_fds(sock, 1 << 24, 2)
-        if not msg: return  # the evaluator closed its end
-        spec = json.loads(msg)
+        mark, fds, _, _ = socket.recv_fds(sock, 1, 2)  # one byte carrying the two pipe ends, then the request as a message
+        if not mark: return  # the evaluator closed its end
+        spec = receive(sock_fd)
         try: result = run_tests(spec["tests"], spec["entry"], fds[0], fds[1], spec["timeout"])
         finally:
             for fd in fds: os.close(fd)  # the candidate sees its calls' pipe end
-        sock.sendall(json.dumps(result).encode())
+        send(sock_fd, result if len(result) <= 4096 else result[:4096] + "…")  # a message quoting a huge value, cut
 
 # %% ../nbs/06a_eval.harness.ipynb #3e677a8f
 @functools.cache
@@ -284,7 +284,7 @@ class TestsProcess:
     "A process that runs problems' tests, one check after another (a worker keeps one instead of starting one per sample)."
     def __init__(self): self.proc = None
     def start(self):
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # one message per send: no framing
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX)  # a stream: tests of any size (a datagram caps them near 200 KB)
         code = side_source("Timeout", "NotPlainData", "CandidateGone", "_mirror", "run_tests", "serve_tests")
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", code + f"serve_tests({theirs.fileno()})\n"], cwd="/", env={},
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
@@ -292,12 +292,20 @@ class TestsProcess:
     def run(self, tests:str, entry:str, fds:tuple, timeout:float) -> str:
         "The result of `tests` against the candidate at the other end of pipe ends `fds` (handed over: closed here)."
         try:
-            if self.proc is None or self.proc.poll() is not None: self.start()
-            socket.send_fds(self.sock, [json.dumps(dict(tests=tests, entry=entry, timeout=timeout)).encode()], list(fds))
+            for again in (False, True):  # a process that died since its last check is started again
+                if self.proc is None or self.proc.poll() is not None: self.start()
+                try:
+                    socket.send_fds(self.sock, [b"\0"], list(fds))
+                    send(self.sock.fileno(), dict(tests=tests, entry=entry, timeout=timeout)); break
+                except BrokenPipeError:
+                    if again: raise
+                    self.close()
         finally:
             for fd in fds: os.close(fd)  # the candidate's end of a pipe closes when it dies: the tests see it
-        self.sock.settimeout(timeout + 30)  # the candidate's start-up may be slow on a loaded machine
-        try: return json.loads(self.sock.recv(1 << 20) or b'"failed: the tests\' process ended without a verdict"')
+        # the candidate's start-up may be slow on a loaded machine
+        if not select.select([self.sock], [], [], timeout + 30)[0]:
+            self.close(); return "failed: the tests' process gave no verdict in time"
+        try: return receive(self.sock.fileno()) or "failed: the tests' process ended without a verdict"
         except (OSError, ValueError) as e:
             self.close(); return f"failed: the tests' process gave no verdict ({type(e).__name__})"
     def close(self):

